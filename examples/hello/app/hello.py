@@ -1,0 +1,25 @@
+"""A tiny Serve app whose replicas take a configurable time to become ready.
+
+`ready_delay_s` sleeps in the constructor, like a model that loads its weights: Ray reports the
+app DEPLOYING (healthy, not ready) until every replica has finished it.
+"""
+
+import time
+
+from ray import serve
+from starlette.requests import Request
+
+
+@serve.deployment
+class Hello:
+    def __init__(self, msg: str, ready_delay_s: float) -> None:
+        time.sleep(ready_delay_s)
+        self.msg = msg
+
+    async def __call__(self, request: Request) -> str:
+        return self.msg
+
+
+def app(args: dict) -> serve.Application:
+    options = {"num_replicas": int(args.get("replicas", 1)), "ray_actor_options": {"num_cpus": 0}}
+    return Hello.options(**options).bind(str(args.get("msg", "v1")), float(args.get("ready_delay_s", 0)))

@@ -1,0 +1,99 @@
+"""The daemon's HTTP API (loopback, bearer token), used by the CLI. FastAPI gives the OpenAPI
+document for free, which is also what the API fuzz run reads."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from pydantic import BaseModel
+
+from servekeeper.controller import Controller
+from servekeeper.core.views import event_view, service_view
+from servekeeper.spec import ServiceSpec, SpecError, parse_spec
+from servekeeper.store import Store
+
+
+class ApplyRequest(BaseModel):
+    spec: dict[str, Any]
+
+
+class ShutdownRequest(BaseModel):
+    stopClusters: bool = True
+
+
+def build_app(
+    controller: Controller,
+    store: Store,
+    token: str,
+    request_shutdown: Callable[[bool], Awaitable[None]],
+) -> FastAPI:
+    app = FastAPI(title="servekeeper", version="v1alpha1")
+
+    def authorized(request: Request) -> None:
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise HTTPException(status_code=401, detail="missing or wrong bearer token")
+
+    def view(name: str) -> dict[str, Any]:
+        service = store.get_service(name)
+        if service is None:
+            raise HTTPException(status_code=404, detail=f"service {name!r} not found")
+        spec = ServiceSpec.model_validate_json(service.spec_json)
+        return service_view(
+            service, spec.spec.ingress.port, store.list_clusters(name), controller.status_snapshot(name)
+        )
+
+    @app.get("/healthz", dependencies=[Depends(authorized)])
+    def healthz() -> dict[str, Any]:
+        return {"ok": True}
+
+    @app.post("/api/v1/services", dependencies=[Depends(authorized)])
+    def apply(body: ApplyRequest) -> dict[str, Any]:
+        try:
+            spec = parse_spec(body.spec)
+        except SpecError as exc:
+            raise HTTPException(status_code=422, detail={"problems": exc.problems}) from exc
+        for other in store.list_services():
+            if other.name == spec.name or other.deleting:
+                continue
+            other_port = ServiceSpec.model_validate_json(other.spec_json).spec.ingress.port
+            if other_port == spec.spec.ingress.port:
+                raise HTTPException(
+                    status_code=422,
+                    detail={"problems": [f"spec.ingress.port: port {other_port} is used by service {other.name!r}"]},
+                )
+        service, changed = store.apply_spec(spec.name, spec.to_json(), time.time())
+        controller.wake(spec.name)
+        return {"name": service.name, "generation": service.generation, "changed": changed}
+
+    @app.get("/api/v1/services", dependencies=[Depends(authorized)])
+    def list_services() -> list[dict[str, Any]]:
+        return [view(service.name) for service in store.list_services()]
+
+    @app.get("/api/v1/services/{name}", dependencies=[Depends(authorized)])
+    def get_service(name: str) -> dict[str, Any]:
+        return view(name)
+
+    @app.delete("/api/v1/services/{name}", dependencies=[Depends(authorized)])
+    def delete_service(name: str) -> dict[str, Any]:
+        service = store.get_service(name)
+        if service is None:
+            raise HTTPException(status_code=404, detail=f"service {name!r} not found")
+        store.put_service(service.with_changes(deleting=True))
+        controller.wake(name)
+        return {"name": name, "deleting": True}
+
+    @app.get("/api/v1/events", dependencies=[Depends(authorized)])
+    def events(service: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return [event_view(e) for e in store.list_events(service, max(1, min(limit, 1000)))]
+
+    @app.post("/api/v1/shutdown", dependencies=[Depends(authorized)])
+    async def shutdown(body: ShutdownRequest) -> dict[str, Any]:
+        await request_shutdown(body.stopClusters)
+        return {"ok": True}
+
+    return app

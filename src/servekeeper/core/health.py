@@ -1,0 +1,113 @@
+"""Pure health and readiness verdicts over Ray Serve's status JSON.
+
+Healthy is not ready: an app that is NOT_STARTED or DEPLOYING has failed nothing, but it
+cannot serve yet. Traffic moves only on `ready`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from servekeeper.status import (
+    FAILED_APP_STATUSES,
+    AppSource,
+    AppState,
+    AppStatus,
+    ClusterObservation,
+    SwitchGate,
+)
+
+
+def parse_applications(serve_status: dict[str, Any]) -> dict[str, AppState]:
+    """`GET /api/serve/applications/` answer -> app name -> AppState."""
+    apps: dict[str, AppState] = {}
+    for name, details in (serve_status.get("applications") or {}).items():
+        apps[name] = AppState(
+            name=name,
+            status=AppStatus.parse(str(details.get("status", ""))),
+            source=AppSource.parse(details.get("source")),
+            message=str(details.get("message") or ""),
+            route_prefix=details.get("route_prefix"),
+            last_deployed_time_s=details.get("last_deployed_time_s"),
+        )
+    return apps
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reason: str  # a short CamelCase cause when not ok
+    message: str = ""
+
+
+def judged_apps(
+    apps: dict[str, AppState], declared: dict[str, str | None], include_imperative: bool = False
+) -> dict[str, AppState]:
+    """The apps whose state decides the verdict: the declared ones, unless asked for all.
+
+    An app Ray reports as imperative (created at run time with `serve.run`) is never judged by
+    default, even if it happens to share a declared name's status slot.
+    """
+    if include_imperative:
+        return dict(apps)
+    return {
+        name: app
+        for name, app in apps.items()
+        if name in declared and app.source != AppSource.IMPERATIVE
+    }
+
+
+def health(
+    observation: ClusterObservation, declared: dict[str, str | None], include_imperative: bool = False
+) -> Verdict:
+    if not observation.processes_alive:
+        return Verdict(False, "HeadDead", "the cluster's head processes are not running")
+    if not observation.dashboard_ok or observation.apps is None:
+        return Verdict(False, "DashboardUnreachable", observation.error or "the Ray dashboard does not answer")
+    for name, app in sorted(judged_apps(observation.apps, declared, include_imperative).items()):
+        if app.status in FAILED_APP_STATUSES:
+            detail = f": {app.message}" if app.message else ""
+            return Verdict(False, "AppFailed", f"application {name!r} is {app.status.value}{detail}")
+    return Verdict(True, "Healthy")
+
+
+def readiness(
+    observation: ClusterObservation, declared: dict[str, str | None], include_imperative: bool = False
+) -> Verdict:
+    healthy = health(observation, declared, include_imperative)
+    if not healthy.ok:
+        return healthy
+    assert observation.apps is not None  # health() checked it
+    judged = judged_apps(observation.apps, declared, include_imperative)
+    for name in sorted(declared):
+        if name not in judged:
+            return Verdict(False, "AppMissing", f"application {name!r} is not deployed yet")
+    for name, app in sorted(judged.items()):
+        if app.status != AppStatus.RUNNING:
+            return Verdict(False, "AppNotRunning", f"application {name!r} is {app.status.value}")
+    if not observation.proxy_healthy:
+        return Verdict(False, "ProxyNotHealthy", "the Serve proxy does not answer /-/healthz with 200")
+    missing_routes = sorted(
+        prefix for prefix in declared.values() if prefix is not None and prefix not in observation.routes
+    )
+    if missing_routes:
+        return Verdict(False, "RoutesMissing", f"the Serve proxy does not route {missing_routes} yet")
+    return Verdict(True, "Ready")
+
+
+def switch_allowed(
+    gate: SwitchGate,
+    observation: ClusterObservation,
+    declared: dict[str, str | None],
+    include_imperative: bool = False,
+) -> Verdict:
+    """May traffic move to this cluster? Only `SwitchGate.READY` is the product."""
+    if gate == SwitchGate.READY:
+        return readiness(observation, declared, include_imperative)
+    if gate == SwitchGate.HEALTHY:
+        # The reference before its fix: no failed app counts as good enough.
+        return health(observation, declared, include_imperative)
+    if observation.processes_alive and observation.dashboard_ok:
+        return Verdict(True, "HeadUp")
+    return Verdict(False, "HeadNotUp", "the head has not started yet")

@@ -1,0 +1,406 @@
+"""The pure reconcile decision: plan(spec, record, clusters, observation, now) -> Plan.
+
+No I/O and no clock: everything the decision depends on comes in as an argument, so every
+flow can be tested tick by tick on a fake clock. Running a plan twice is harmless: each tick
+re-derives what to do from the stored record and a fresh observation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from servekeeper.core.actions import (
+    Action,
+    CreateCluster,
+    DeleteCluster,
+    ForgetService,
+    RemoveRoute,
+    SetRoute,
+    StartCluster,
+    SubmitConfig,
+    UpdateCluster,
+)
+from servekeeper.core.health import Verdict, health, readiness, switch_allowed
+from servekeeper.spec import RayClusterConfigSpec, ServiceSpec
+from servekeeper.status import (
+    FAILED_APP_STATUSES,
+    ClusterObservation,
+    ClusterRecord,
+    ClusterRole,
+    Condition,
+    ConditionType,
+    Event,
+    Observation,
+    ServiceRecord,
+    SwitchGate,
+)
+
+# An old cluster is kept at least this long after the switch: requests already on their way
+# to it (accepted by the ingress a moment before the switch) must reach it.
+MIN_DRAIN_SECONDS = 2.0
+
+
+@dataclass
+class Plan:
+    service: ServiceRecord
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+def _expected_workers(cluster: ClusterRecord) -> int:
+    return RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).worker_count()
+
+
+def _unobserved(name: str) -> ClusterObservation:
+    return ClusterObservation(name=name, processes_alive=False, error="not observed")
+
+
+class _Planner:
+    def __init__(
+        self,
+        spec: ServiceSpec,
+        service: ServiceRecord,
+        clusters: list[ClusterRecord],
+        observation: Observation,
+        now: float,
+        gate: SwitchGate,
+    ) -> None:
+        self.spec = spec
+        self.service = service
+        self.clusters = {cluster.name: cluster for cluster in clusters}
+        self.observation = observation
+        self.now = now
+        self.gate = gate
+        self.plan = Plan(service=service)
+        self.declared = spec.declared_apps()
+        self.desired_cluster_hash = spec.cluster_spec_hash()
+        self.desired_config_hash = spec.serve_config_hash()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _with_role(self, role: ClusterRole) -> list[ClusterRecord]:
+        return sorted(
+            (c for c in self.clusters.values() if c.role == role), key=lambda c: (c.created_at, c.name)
+        )
+
+    def _one(self, role: ClusterRole) -> ClusterRecord | None:
+        found = self._with_role(role)
+        return found[-1] if found else None
+
+    def _observed(self, cluster: ClusterRecord) -> ClusterObservation:
+        return self.observation.clusters.get(cluster.name) or _unobserved(cluster.name)
+
+    def _do(self, action: Action) -> None:
+        self.plan.actions.append(action)
+
+    def _event(self, reason: str, message: str, warning: bool = False) -> None:
+        self.plan.events.append(
+            Event(
+                service=self.service.name,
+                time=self.now,
+                type="Warning" if warning else "Normal",
+                reason=reason,
+                message=message,
+            )
+        )
+
+    def _update_cluster(self, cluster: ClusterRecord, **changes: object) -> ClusterRecord:
+        self._do(UpdateCluster(cluster.name, dict(changes)))
+        updated = cluster.with_changes(**changes)
+        self.clusters[cluster.name] = updated
+        return updated
+
+    def _delete(self, cluster: ClusterRecord, reason: str) -> None:
+        self._do(DeleteCluster(cluster.name, reason))
+        self.clusters[cluster.name] = cluster.with_changes(role=ClusterRole.DELETING)
+
+    def _update_service(self, **changes: object) -> None:
+        self.plan.service = self.plan.service.with_changes(**changes)
+
+    @property
+    def _rollout_failed(self) -> bool:
+        return self.plan.service.failed_generation == self.plan.service.generation
+
+    # -- flows ---------------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        if self.service.deleting:
+            self._delete_service()
+            return self.plan
+        self._restart_interrupted_work()
+        self._finish_acknowledged_switch()
+        pending = self._one(ClusterRole.PENDING)
+        if pending is not None:
+            self._advance_pending(pending)
+        if self._one(ClusterRole.PENDING) is None:
+            self._maintain_active()
+        self._maintain_route()
+        self._drain()
+        self._set_conditions()
+        return self.plan
+
+    def _delete_service(self) -> None:
+        for cluster in list(self.clusters.values()):
+            self._delete(cluster, "ServiceDeleted")
+        if self.observation.route is not None:
+            self._do(RemoveRoute())
+        if not self.clusters:
+            self._do(ForgetService())
+
+    def _restart_interrupted_work(self) -> None:
+        for cluster in self.clusters.values():
+            if cluster.role == ClusterRole.DELETING:
+                # Deletion is idempotent; a crash in the middle of it is finished here.
+                self._do(DeleteCluster(cluster.name, "DeletionResumed"))
+            elif cluster.head_pid is None or len(cluster.worker_pids) < _expected_workers(cluster):
+                self._do(StartCluster(cluster.name))
+
+    def _finish_acknowledged_switch(self) -> None:
+        """The ingress already routes to the pending cluster but the store does not say so:
+        the controller stopped between the switch and recording it. Record it now."""
+        pending = self._one(ClusterRole.PENDING)
+        route = self.observation.route
+        if pending is not None and route is not None and route.active == pending.name:
+            self._promote(pending)
+
+    def _promote(self, pending: ClusterRecord) -> None:
+        for old in self._with_role(ClusterRole.ACTIVE):
+            self._update_cluster(old, role=ClusterRole.DRAINING, drain_started_at=self.now)
+        self._update_cluster(pending, role=ClusterRole.ACTIVE, ready_at=self.now)
+        self._update_service(unhealthy_since=None)
+        self._event("TrafficSwitched", f"100% of traffic now goes to cluster {pending.name}")
+
+    def _pending_failure(self, pending: ClusterRecord, observed: ClusterObservation) -> str | None:
+        if pending.failure_reason:
+            return pending.failure_reason
+        if pending.head_pid is not None and not observed.processes_alive:
+            return f"HeadDied: the head of pending cluster {pending.name} exited before it was ready"
+        if pending.applied_config_hash == self.desired_config_hash and observed.apps is not None:
+            for name in sorted(self.declared):
+                app = observed.apps.get(name)
+                if app is not None and app.status in FAILED_APP_STATUSES:
+                    return f"AppFailed: application {name!r} is {app.status.value}: {app.message}".rstrip(": ")
+        age = self.now - pending.created_at
+        if age > self.spec.spec.readinessTimeoutSeconds:
+            verdict = switch_allowed(self.gate, observed, self.declared)
+            return (
+                f"ReadinessTimeout: pending cluster {pending.name} not ready after "
+                f"{self.spec.spec.readinessTimeoutSeconds:g}s ({verdict.reason}: {verdict.message})"
+            )
+        return None
+
+    def _advance_pending(self, pending: ClusterRecord) -> None:
+        if pending.cluster_spec_hash != self.desired_cluster_hash:
+            self._delete(pending, "SpecChanged")
+            self._event(
+                "PendingClusterReplaced",
+                f"the cluster spec changed while {pending.name} was coming up; replacing it",
+            )
+            return
+        observed = self._observed(pending)
+        failure = self._pending_failure(pending, observed)
+        if failure is not None:
+            self._fail_rollout(pending, failure)
+            return
+        if not observed.dashboard_ok:
+            return  # still starting
+        if pending.applied_config_hash != self.desired_config_hash:
+            self._apply_config(pending, observed)
+            return
+        verdict = switch_allowed(self.gate, observed, self.declared)
+        if verdict.ok:
+            active = self._one(ClusterRole.ACTIVE)
+            draining = [c.name for c in self._with_role(ClusterRole.DRAINING)]
+            upstreams = (pending.name,) + ((active.name,) if active else ()) + tuple(draining)
+            self._do(SetRoute(active=pending.name, upstreams=upstreams))
+            self._promote(pending)
+
+    def _apply_config(self, cluster: ClusterRecord, observed: ClusterObservation) -> None:
+        already_there = (
+            cluster.submitted_config_hash == self.desired_config_hash
+            and observed.apps is not None
+            and all(name in observed.apps for name in self.declared)
+        )
+        if already_there:
+            # The PUT went through before a crash but its success was never recorded:
+            # adopt it instead of submitting the same config a second time.
+            self._update_cluster(cluster, applied_config_hash=self.desired_config_hash)
+            return
+        self._do(SubmitConfig(cluster.name, self.desired_config_hash))
+        self.clusters[cluster.name] = cluster.with_changes(
+            submitted_config_hash=self.desired_config_hash, applied_config_hash=self.desired_config_hash
+        )
+        self._event("ConfigSubmitted", f"Serve config {self.desired_config_hash} submitted to {cluster.name}")
+
+    def _fail_rollout(self, pending: ClusterRecord, reason: str) -> None:
+        self._delete(pending, "RolloutFailed")
+        if pending.generation == self.service.generation:
+            # Recorded per generation: the same spec is not retried blindly; a new apply retries.
+            self._update_service(failed_generation=self.service.generation, failure_reason=reason)
+        # A failed replacement of an unhealthy cluster waits a full threshold before the next try.
+        if self.plan.service.unhealthy_since is not None:
+            self._update_service(unhealthy_since=self.now)
+        self._event("RolloutFailed", reason, warning=True)
+
+    def _maintain_active(self) -> None:
+        active = self._one(ClusterRole.ACTIVE)
+        if active is None:
+            if not self._rollout_failed:
+                first = not any(c.role != ClusterRole.DELETING for c in self.clusters.values())
+                self._create(ClusterRole.PENDING, "FirstApply" if first else "NoActiveCluster")
+            return
+        observed = self._observed(active)
+        verdict = health(observed, self.declared)
+        self._track_health(verdict)
+        if active.cluster_spec_hash != self.desired_cluster_hash:
+            if self.spec.spec.upgradeStrategy.type == "NewCluster" and not self._rollout_failed:
+                self._create(ClusterRole.PENDING, "ClusterSpecChanged")
+            return
+        unhealthy_since = self.plan.service.unhealthy_since
+        threshold = self.spec.spec.serviceUnhealthySecondThreshold
+        if unhealthy_since is not None and self.now - unhealthy_since >= threshold:
+            self._create(ClusterRole.PENDING, f"ActiveUnhealthy: {verdict.reason}: {verdict.message}")
+            return
+        if (
+            active.applied_config_hash != self.desired_config_hash
+            and observed.dashboard_ok
+            and not self._rollout_failed
+        ):
+            self._apply_config(active, observed)
+
+    def _track_health(self, verdict: Verdict) -> None:
+        since = self.plan.service.unhealthy_since
+        if verdict.ok and since is not None:
+            self._update_service(unhealthy_since=None)
+            self._event("ClusterHealthy", "the active cluster is healthy again")
+        elif not verdict.ok and since is None:
+            self._update_service(unhealthy_since=self.now)
+            self._event("ClusterUnhealthy", f"{verdict.reason}: {verdict.message}", warning=True)
+
+    def _create(self, role: ClusterRole, reason: str) -> None:
+        self._do(CreateCluster(role=role, reason=reason))
+        self._event("ClusterCreating", f"creating a {role.value} cluster ({reason})")
+
+    def _desired_upstreams(self, active: ClusterRecord) -> tuple[str, ...]:
+        return (active.name,) + tuple(c.name for c in self._with_role(ClusterRole.DRAINING))
+
+    def _maintain_route(self) -> None:
+        active = self._one(ClusterRole.ACTIVE)
+        if active is None:
+            return
+        wanted = self._desired_upstreams(active)
+        route = self.observation.route
+        if route is None or route.active != active.name or route.upstreams != frozenset(wanted):
+            if not any(isinstance(action, SetRoute) for action in self.plan.actions):
+                self._do(SetRoute(active=active.name, upstreams=wanted))
+
+    def _drain(self) -> None:
+        route = self.observation.route
+        deadline = self.spec.spec.rayClusterDeletionDelaySeconds
+        removed = []
+        for cluster in self._with_role(ClusterRole.DRAINING):
+            started = cluster.drain_started_at if cluster.drain_started_at is not None else self.now
+            elapsed = self.now - started
+            counted = self.observation.ingress_ok and route is not None and cluster.name in route.upstreams
+            idle = counted and route is not None and route.inflight.get(cluster.name, 0) == 0
+            if idle and elapsed >= min(MIN_DRAIN_SECONDS, deadline):
+                removed.append((cluster, f"no request in flight after {elapsed:.1f}s"))
+            elif elapsed >= deadline:
+                inflight = route.inflight.get(cluster.name, "unknown") if route else "unknown"
+                removed.append((cluster, f"deletion delay of {deadline:g}s reached ({inflight} in flight)"))
+        if not removed:
+            return
+        active = self._one(ClusterRole.ACTIVE)
+        removed_names = {cluster.name for cluster, _ in removed}
+        if active is not None:
+            # Take them out of the ingress first, then stop them.
+            upstreams = tuple(n for n in self._desired_upstreams(active) if n not in removed_names)
+            self._do(SetRoute(active=active.name, upstreams=upstreams))
+        for cluster, why in removed:
+            self._delete(cluster, "Drained")
+            self._event("ClusterDrained", f"deleting old cluster {cluster.name}: {why}")
+
+    # -- status --------------------------------------------------------------------------
+
+    def _set_conditions(self) -> None:
+        active = self._one(ClusterRole.ACTIVE)
+        pending = self._one(ClusterRole.PENDING)
+        service = self.plan.service
+        conditions: list[tuple[ConditionType, bool, str, str]] = []
+
+        if active is not None:
+            verdict = readiness(self._observed(active), self.declared)
+            ready = (verdict.ok, verdict.reason, verdict.message or f"serving from {active.name}")
+        else:
+            ready = (False, "NoActiveCluster", "no cluster serves this service yet")
+        conditions.append((ConditionType.READY, *ready))
+
+        if pending is not None:
+            verdict = switch_allowed(self.gate, self._observed(pending), self.declared)
+            message = f"waiting for {pending.name}: {verdict.reason}" + (
+                f": {verdict.message}" if verdict.message else ""
+            )
+            conditions.append((ConditionType.UPGRADE_IN_PROGRESS, True, "PendingClusterNotReady", message))
+        else:
+            conditions.append((ConditionType.UPGRADE_IN_PROGRESS, False, "NoPendingCluster", ""))
+
+        if self._rollout_failed:
+            reason, _, message = (service.failure_reason or "RolloutFailed").partition(": ")
+            conditions.append((ConditionType.ROLLOUT_FAILED, True, reason, message))
+        else:
+            conditions.append((ConditionType.ROLLOUT_FAILED, False, "NoFailure", ""))
+
+        outdated = (
+            active is not None
+            and active.cluster_spec_hash != self.desired_cluster_hash
+            and self.spec.spec.upgradeStrategy.type == "None"
+        )
+        conditions.append(
+            (
+                ConditionType.CLUSTER_SPEC_OUTDATED,
+                outdated,
+                "UpgradeStrategyNone" if outdated else "UpToDate",
+                "the cluster spec changed but upgradeStrategy.type is None: not rolled out"
+                if outdated
+                else "",
+            )
+        )
+
+        merged = []
+        for condition_type, status, reason, message in conditions:
+            previous = service.condition(condition_type)
+            changed = previous is None or previous.status != status
+            if previous is not None and changed and condition_type == ConditionType.READY:
+                self._event("ReadyChanged", f"Ready is now {status}: {reason} {message}".strip(), not status)
+            merged.append(
+                Condition(
+                    type=condition_type,
+                    status=status,
+                    reason=reason,
+                    message=message,
+                    last_transition_time=self.now if changed else previous.last_transition_time,  # type: ignore[union-attr]
+                )
+            )
+        self._update_service(conditions=tuple(merged))
+
+        rolled_out = (
+            active is not None
+            and pending is None
+            and active.cluster_spec_hash == self.desired_cluster_hash
+            and active.applied_config_hash == self.desired_config_hash
+            and ready[0]
+        )
+        if rolled_out or self._rollout_failed or outdated:
+            self._update_service(observed_generation=service.generation)
+
+
+def plan(
+    spec: ServiceSpec,
+    service: ServiceRecord,
+    clusters: list[ClusterRecord],
+    observation: Observation,
+    now: float,
+    gate: SwitchGate = SwitchGate.READY,
+) -> Plan:
+    """Decide the next actions for one service. Pure: no I/O, no clock."""
+    return _Planner(spec, service, clusters, observation, now, gate).run()

@@ -1,0 +1,71 @@
+"""Pure: the JSON a user sees for a service (`get -o json`, the API)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servekeeper.status import ClusterRecord, ClusterRole, Event, Observation, ServiceRecord
+
+
+def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffic_percent: int) -> dict[str, Any]:
+    observed = observation.clusters.get(cluster.name) if observation else None
+    apps = {}
+    if observed is not None and observed.apps is not None:
+        apps = {
+            name: {"status": app.status.value, "source": app.source.value, "message": app.message}
+            for name, app in sorted(observed.apps.items())
+        }
+    return {
+        "name": cluster.name,
+        "generation": cluster.generation,
+        "role": cluster.role.value,
+        "address": cluster.gcs_address,
+        "dashboardUrl": cluster.dashboard_url,
+        "serveUrl": cluster.serve_url,
+        "trafficPercent": traffic_percent,
+        "headPid": cluster.head_pid,
+        "workerPids": list(cluster.worker_pids),
+        "appliedConfigHash": cluster.applied_config_hash,
+        "createdAt": cluster.created_at,
+        "headAlive": observed.processes_alive if observed else None,
+        "applications": apps,
+    }
+
+
+def service_view(
+    service: ServiceRecord,
+    ingress_port: int,
+    clusters: list[ClusterRecord],
+    observation: Observation | None,
+) -> dict[str, Any]:
+    def pick(role: ClusterRole) -> ClusterRecord | None:
+        found = [c for c in clusters if c.role == role]
+        return max(found, key=lambda c: c.created_at) if found else None
+
+    active = pick(ClusterRole.ACTIVE)
+    pending = pick(ClusterRole.PENDING)
+    routed = observation.route.active if observation and observation.route else None
+    return {
+        "name": service.name,
+        "generation": service.generation,
+        "observedGeneration": service.observed_generation,
+        "deleting": service.deleting,
+        "conditions": [c.to_json() for c in service.conditions],
+        "ingress": {"url": f"http://127.0.0.1:{ingress_port}", "port": ingress_port, "routedTo": routed},
+        "activeCluster": cluster_view(active, observation, 100 if routed == active.name else 0) if active else None,
+        "pendingCluster": cluster_view(pending, observation, 0) if pending else None,
+        "otherClusters": [
+            cluster_view(c, observation, 0) for c in clusters if c.role in (ClusterRole.DRAINING, ClusterRole.DELETING)
+        ],
+        "failureReason": service.failure_reason if service.failed_generation == service.generation else None,
+    }
+
+
+def event_view(event: Event) -> dict[str, Any]:
+    return {
+        "service": event.service,
+        "time": event.time,
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message,
+    }

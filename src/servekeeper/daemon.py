@@ -1,0 +1,190 @@
+"""`servekeeper up`: the controller, its loopback API, and the ingress process beside it.
+
+Files in the state dir:
+  store.db        everything servekeeper knows (SQLite, WAL)
+  token           the API bearer token (mode 0600), created on first `up`
+  api.json        where the running daemon's API listens, and its pid
+  controller.pid  the running controller's pid
+  controller.lock held while a controller runs: one controller per state dir
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import uvicorn
+
+from servekeeper.api import build_app
+from servekeeper.controller import Controller
+from servekeeper.ingress.client import (
+    IngressClient,
+    ingress_alive,
+    spawn_ingress,
+    stop_ingress,
+    wait_healthy,
+)
+from servekeeper.ports import PortAllocator
+from servekeeper.providers.local import LocalProvider
+from servekeeper.status import SwitchGate
+from servekeeper.store import Store
+
+logger = logging.getLogger(__name__)
+
+GATE_ENV = "SERVEKEEPER_UNSAFE_SWITCH_GATE"  # tests and benchmarks only: ready | healthy | none
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+class DaemonError(RuntimeError):
+    pass
+
+
+def default_state_dir() -> Path:
+    configured = os.environ.get("SERVEKEEPER_STATE_DIR")
+    if configured:
+        return Path(configured)
+    return Path.home() / ".servekeeper"
+
+
+def ensure_token(state_dir: Path) -> str:
+    path = state_dir / "token"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(32))
+    os.chmod(path, 0o600)
+    return path.read_text().strip()
+
+
+def read_api_info(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads((state_dir / "api.json").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def _take_lock(state_dir: Path) -> IO[str]:
+    handle = open(state_dir / "controller.lock", "a+")  # noqa: SIM115 - held for the daemon's life
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        handle.close()
+        info = read_api_info(state_dir) or {}
+        raise DaemonError(f"a controller already runs for {state_dir} (pid {info.get('pid', '?')})") from exc
+    return handle
+
+
+async def _adopt_or_start_ingress(store: Store, session: aiohttp.ClientSession, state_dir: Path, token: str) -> IngressClient:
+    known = store.get_fact("ingress")
+    if known and ingress_alive(known["pid"]):
+        client = IngressClient(session, known["control_port"], token)
+        if await client.healthy():
+            logger.info("adopted the running ingress, pid %d", known["pid"])
+            return client
+    reserved = [port for c in store.list_clusters() for port in c.ports.all_ports()]
+    pid, control_port = spawn_ingress(state_dir, reserved)
+    store.set_fact("ingress", {"pid": pid, "control_port": control_port})
+    client = IngressClient(session, control_port, token)
+    await wait_healthy(client, pid)
+    logger.info("started the ingress, pid %d, control port %d", pid, control_port)
+    return client
+
+
+async def run_daemon(state_dir: Path, api_host: str = "127.0.0.1", api_port: int = 0, allow_remote: bool = False) -> None:
+    if api_host not in LOOPBACK_HOSTS and not allow_remote:
+        raise DaemonError(f"refusing to bind the API to {api_host}: pass --allow-remote to expose it")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    lock = _take_lock(state_dir)
+    token = ensure_token(state_dir)
+    store = Store(state_dir / "store.db")
+    gate = SwitchGate(os.environ.get(GATE_ENV, SwitchGate.READY.value))
+    if gate != SwitchGate.READY:
+        logger.warning("UNSAFE: traffic switches on the %r gate (%s is set)", gate.value, GATE_ENV)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+        ingress = await _adopt_or_start_ingress(store, session, state_dir, token)
+        controller = Controller(store, LocalProvider(), ingress, session, state_dir, gate=gate)
+        stop = asyncio.Event()
+        stop_everything = False
+
+        async def request_shutdown(stop_clusters: bool) -> None:
+            nonlocal stop_everything
+            stop_everything = stop_clusters
+            server.should_exit = True
+
+        port = api_port or PortAllocator().one()
+        app = build_app(controller, store, token, request_shutdown)
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=api_host, port=port, log_level="warning", lifespan="off", access_log=False)
+        )
+        loop_task = asyncio.create_task(controller.run(stop), name="controller")
+        serve_task = asyncio.create_task(server.serve(), name="api")
+        while not server.started and not serve_task.done():
+            await asyncio.sleep(0.05)
+        if serve_task.done():
+            stop.set()
+            await loop_task
+            raise DaemonError(f"the API could not listen on {api_host}:{port}")
+        (state_dir / "controller.pid").write_text(str(os.getpid()))
+        _write_json(state_dir / "api.json", {"url": f"http://{_url_host(api_host)}:{port}", "pid": os.getpid()})
+        logger.info("servekeeper is up: API on %s:%d, state in %s", api_host, port, state_dir)
+        try:
+            await serve_task
+        finally:
+            stop.set()
+            await loop_task
+            await controller.shutdown(stop_clusters=stop_everything)
+            if stop_everything:
+                known = store.get_fact("ingress")
+                if known:
+                    await stop_ingress(known["pid"])
+                with contextlib.suppress(FileNotFoundError):
+                    (state_dir / "ingress-routes.json").unlink()
+            for name in ("api.json", "controller.pid"):
+                with contextlib.suppress(FileNotFoundError):
+                    (state_dir / name).unlink()
+            store.close()
+            lock.close()
+
+
+def _url_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "localhost") else (f"[{host}]" if ":" in host else host)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def start_detached(state_dir: Path, extra_args: list[str], timeout: float = 60.0) -> dict[str, Any]:
+    """Start `servekeeper up` in a session of its own; return once its API answers."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "controller.log", "ab") as log:
+        process = subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", "servekeeper.cli", "up", "--state-dir", str(state_dir), *extra_args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = read_api_info(state_dir)
+        if info and info.get("pid") == process.pid:
+            return info
+        if process.poll() is not None:
+            raise DaemonError(f"servekeeper up exited with {process.returncode}; see {state_dir}/controller.log")
+        time.sleep(0.1)
+    raise DaemonError(f"servekeeper up did not answer within {timeout:g}s; see {state_dir}/controller.log")

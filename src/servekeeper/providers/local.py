@@ -1,0 +1,260 @@
+"""Real Ray clusters as local process groups: the embedded default.
+
+Every node is `ray start --block` in a session of its own (`setsid`), so the node's pid is also
+the session id of every process it spawns, the actor workers included (they take process
+groups of their own, but stay in the session). Stopping a cluster is therefore exact: signal
+the sessions it owns, never anything else. Never `ray stop`: it kills every cluster on the
+machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from servekeeper.providers.base import ProviderError
+from servekeeper.spec import HeadGroupSpec, RayClusterConfigSpec
+from servekeeper.status import ClusterRecord, NodePorts
+
+logger = logging.getLogger(__name__)
+
+TERM_GRACE_SECONDS = 3.0
+KILL_GRACE_SECONDS = 3.0
+HEAD_GCS_WAIT_SECONDS = 60.0
+
+
+def ray_executable() -> str:
+    candidate = Path(sys.executable).parent / "ray"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("ray")
+    if found is None:
+        raise ProviderError("the 'ray' command was not found next to this Python or on PATH")
+    return found
+
+
+def _param_args(params: dict[str, str | int | float | bool]) -> list[str]:
+    args: list[str] = []
+    for key, value in sorted(params.items()):
+        if value is True:
+            args.append(f"--{key}")
+        elif value is False:
+            continue
+        else:
+            args.append(f"--{key}={value}")
+    return args
+
+
+def _node_port_args(ports: NodePorts) -> list[str]:
+    return [
+        f"--node-manager-port={ports.node_manager}",
+        f"--object-manager-port={ports.object_manager}",
+        f"--metrics-export-port={ports.metrics_export}",
+        f"--dashboard-agent-listen-port={ports.agent_listen}",
+        f"--dashboard-agent-grpc-port={ports.agent_grpc}",
+        f"--runtime-env-agent-port={ports.runtime_env_agent}",
+        f"--min-worker-port={ports.min_worker}",
+        f"--max-worker-port={ports.max_worker}",
+    ]
+
+
+def head_command(cluster: ClusterRecord, head: HeadGroupSpec) -> list[str]:
+    ports = cluster.ports
+    return [
+        ray_executable(), "start", "--head", "--block",
+        f"--port={ports.gcs}",
+        f"--dashboard-port={ports.dashboard}",
+        "--dashboard-host=127.0.0.1",
+        "--node-ip-address=127.0.0.1",
+        f"--ray-client-server-port={ports.client_server}",
+        *_node_port_args(ports.node_ports[0]),
+        f"--temp-dir={cluster.temp_dir}",
+        f"--num-cpus={head.numCpus:g}",
+        "--disable-usage-stats",
+        *_param_args(head.rayStartParams),
+    ]
+
+
+def worker_command(cluster: ClusterRecord, node_index: int, num_cpus: float, params: dict) -> list[str]:  # type: ignore[type-arg]
+    return [
+        ray_executable(), "start", "--block",
+        f"--address=127.0.0.1:{cluster.ports.gcs}",
+        "--node-ip-address=127.0.0.1",
+        *_node_port_args(cluster.ports.node_ports[node_index]),
+        f"--temp-dir={cluster.temp_dir}",
+        f"--num-cpus={num_cpus:g}",
+        "--disable-usage-stats",
+        *_param_args(params),
+    ]
+
+
+def _environment(extra: dict[str, str], loopback_only: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    env.update(extra)
+    if loopback_only:
+        # Ray then keeps the node on 127.0.0.1: GCS, raylet and agents bind to loopback only.
+        # It also refuses extra nodes, so clusters with worker groups use the host's address.
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    return env
+
+
+def session_members(session_ids: tuple[int, ...]) -> list[psutil.Process]:
+    """Live (non-zombie) processes in any of the given sessions."""
+    wanted = set(session_ids)
+    members = []
+    for process in psutil.process_iter(["status"]):
+        try:
+            if process.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if os.getsid(process.pid) in wanted:
+                members.append(process)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def _is_our_node(pid: int, temp_dir: str) -> bool:
+    """Guards against pid reuse: the pid must still be a `ray start` of this cluster."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return f"--temp-dir={temp_dir}" in process.cmdline()
+    except psutil.Error:
+        return False
+
+
+async def _wait_for_port(port: int, timeout: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            await asyncio.sleep(0.25)
+    return False
+
+
+class LocalProvider:
+    def __init__(self) -> None:
+        # Children we started in this process: reaped so they do not linger as zombies.
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def _spawn(self, command: list[str], env: dict[str, str], log_path: Path) -> int:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(  # noqa: S603 - an argument list, never a shell
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        self._children[process.pid] = process
+        return process.pid
+
+    def _reap(self) -> None:
+        for pid, process in list(self._children.items()):
+            if process.poll() is not None:
+                del self._children[pid]
+
+    def start_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
+        """Spawn the head (no waiting); the caller records its pid before anything else."""
+        Path(cluster.temp_dir).mkdir(parents=True, exist_ok=True)
+        env = _environment(config.head.env, loopback_only=config.worker_count() == 0)
+        pid = self._spawn(head_command(cluster, config.head), env, Path(cluster.log_dir) / "head.log")
+        logger.info("[%s/%s] head started, pid %d", cluster.service, cluster.name, pid)
+        return cluster.with_changes(head_pid=pid)
+
+    async def start_workers(
+        self,
+        cluster: ClusterRecord,
+        config: RayClusterConfigSpec,
+        on_spawn: Callable[[ClusterRecord], None],
+    ) -> ClusterRecord:
+        """Start the worker raylets not running yet, once the head's GCS accepts connections.
+
+        `on_spawn` records each new pid at once, so a crash never leaves an unknown process.
+        """
+        if len(cluster.worker_pids) >= config.worker_count():
+            return cluster
+        if not await _wait_for_port(cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
+            raise ProviderError(f"the head's GCS did not open port {cluster.ports.gcs}; see {cluster.log_dir}")
+        node_index = 0
+        for group in config.workerGroups:
+            for replica in range(group.replicas):
+                node_index += 1
+                if node_index <= len(cluster.worker_pids):
+                    continue
+                command = worker_command(cluster, node_index, group.numCpus, group.rayStartParams)
+                log_path = Path(cluster.log_dir) / f"worker-{group.name}-{replica}.log"
+                pid = self._spawn(command, _environment(group.env, loopback_only=False), log_path)
+                cluster = cluster.with_changes(worker_pids=cluster.worker_pids + (pid,))
+                on_spawn(cluster)
+        return cluster
+
+    def processes_alive(self, cluster: ClusterRecord) -> bool:
+        self._reap()
+        return cluster.head_pid is not None and _is_our_node(cluster.head_pid, cluster.temp_dir)
+
+    def leftover_pids(self, cluster: ClusterRecord) -> list[int]:
+        sessions = tuple(pid for pid in cluster.session_ids if _session_is_ours(pid, cluster.temp_dir))
+        return [process.pid for process in session_members(sessions)]
+
+    async def stop(self, cluster: ClusterRecord) -> list[int]:
+        sessions = tuple(pid for pid in cluster.session_ids if _session_is_ours(pid, cluster.temp_dir))
+        for session in sessions:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(session, signal.SIGTERM)
+        await self._wait_gone(sessions, TERM_GRACE_SECONDS)
+        # gcs_server, the raylet and the actor workers often outlive SIGTERM: kill what is left,
+        # each actor worker by pid since it sits in a process group of its own.
+        for process in session_members(sessions):
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        leftovers = await self._wait_gone(sessions, KILL_GRACE_SECONDS)
+        self._reap()
+        shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+        if leftovers:
+            logger.warning("[%s/%s] processes survived SIGKILL: %s", cluster.service, cluster.name, leftovers)
+        return leftovers
+
+    async def _wait_gone(self, sessions: tuple[int, ...], timeout: float) -> list[int]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            self._reap()
+            alive = [process.pid for process in session_members(sessions)]
+            if not alive or loop.time() >= deadline:
+                return alive
+            await asyncio.sleep(0.2)
+
+
+def _session_is_ours(session_id: int, temp_dir: str) -> bool:
+    """A recorded session id may have been reused by an unrelated session after a reboot.
+
+    It is ours if its leader is still our `ray start`, or if any live member of the session
+    names our temp dir (the leader is gone but its children linger).
+    """
+    if _is_our_node(session_id, temp_dir):
+        return True
+    for process in session_members((session_id,)):
+        with contextlib.suppress(psutil.Error):
+            # Actor workers rename themselves ("ray::ServeReplica:..."), hiding the temp dir.
+            if any(temp_dir in part or part.startswith("ray::") for part in process.cmdline()):
+                return True
+    return False

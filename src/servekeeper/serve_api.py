@@ -1,0 +1,86 @@
+"""Client of the Ray dashboard's Serve REST API and of a cluster's Serve proxy.
+
+Every call to Ray's HTTP endpoints goes through here. Errors are translated at this edge:
+retryable (the dashboard is not up yet, a 5xx) versus permanent (Ray rejected the config;
+its message is kept verbatim for the service's status).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+from servekeeper.core.health import parse_applications
+from servekeeper.status import AppState
+
+APPLICATIONS_PATH = "/api/serve/applications/"
+STATUS_TIMEOUT = aiohttp.ClientTimeout(total=3, sock_connect=1)
+PUT_TIMEOUT = aiohttp.ClientTimeout(total=30, sock_connect=2)
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2, sock_connect=1)
+
+
+class ServeAPIError(RuntimeError):
+    pass
+
+
+class RetryableServeError(ServeAPIError):
+    """Try again later: the dashboard is not reachable or answered 5xx."""
+
+
+class PermanentServeError(ServeAPIError):
+    """Ray rejected the request; retrying the same request will not help."""
+
+    def __init__(self, status: int, body: str) -> None:
+        self.status = status
+        self.body = body
+        super().__init__(f"Ray rejected the Serve config (HTTP {status}): {body}")
+
+
+class ServeClient:
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+
+    async def _request(
+        self, method: str, url: str, timeout: aiohttp.ClientTimeout, payload: Any = None
+    ) -> tuple[int, str]:
+        try:
+            async with self._session.request(method, url, json=payload, timeout=timeout) as response:
+                return response.status, await response.text()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise RetryableServeError(f"{method} {url} failed: {exc!r}") from exc
+
+    async def applications(self, dashboard_url: str) -> dict[str, AppState]:
+        status, body = await self._request("GET", dashboard_url + APPLICATIONS_PATH, STATUS_TIMEOUT)
+        if status >= 500:
+            raise RetryableServeError(f"GET applications answered {status}: {body[:500]}")
+        if status != 200:
+            raise PermanentServeError(status, body[:2000])
+        try:
+            return parse_applications(json.loads(body))
+        except (ValueError, AttributeError) as exc:
+            raise RetryableServeError(f"GET applications returned unreadable JSON: {exc}") from exc
+
+    async def put_config(self, dashboard_url: str, config: dict[str, Any]) -> None:
+        status, body = await self._request("PUT", dashboard_url + APPLICATIONS_PATH, PUT_TIMEOUT, config)
+        if status >= 500:
+            raise RetryableServeError(f"PUT applications answered {status}: {body[:500]}")
+        if status >= 300:
+            raise PermanentServeError(status, body[:2000])
+
+    async def proxy_healthy(self, serve_url: str) -> bool:
+        try:
+            status, _ = await self._request("GET", serve_url + "/-/healthz", PROBE_TIMEOUT)
+        except RetryableServeError:
+            return False
+        return status == 200
+
+    async def proxy_routes(self, serve_url: str) -> frozenset[str]:
+        try:
+            status, body = await self._request("GET", serve_url + "/-/routes", PROBE_TIMEOUT)
+            if status != 200:
+                return frozenset()
+            return frozenset(json.loads(body).keys())
+        except (RetryableServeError, ValueError, AttributeError):
+            return frozenset()

@@ -1,0 +1,274 @@
+"""The declared service: pydantic models, YAML loading and validation errors.
+
+User-facing config is strict (`extra="forbid"`): a typo must be an error, not a silently
+ignored field. Every problem is reported at once, by field path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+START_PARAM_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
+MAX_SPEC_BYTES = 1_000_000
+
+# Ports, addresses and directories of a cluster are servekeeper's: it allocates them so that
+# clusters side by side never collide, and records them so that it can re-adopt them.
+OWNED_START_PARAMS = frozenset(
+    {
+        "head", "block", "address", "port", "node-ip-address", "dashboard-host", "dashboard-port",
+        "ray-client-server-port", "min-worker-port", "max-worker-port", "worker-port-list",
+        "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "node-manager-port",
+        "object-manager-port", "metrics-export-port", "runtime-env-agent-port", "temp-dir",
+        "num-cpus", "disable-usage-stats", "include-dashboard", "gcs-server-port", "redis-password",
+    }
+)
+
+
+class SpecError(ValueError):
+    """A spec that cannot be accepted. `problems` lists every one as 'field.path: message'."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid service spec:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+StartParamValue = str | int | float | bool
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for key, value in env.items():
+        if not ENV_KEY.match(key):
+            raise ValueError(f"env key {key!r} is not a valid environment variable name")
+        if "\x00" in value:
+            raise ValueError(f"env value of {key!r} contains a NUL byte")
+    return env
+
+
+def _check_start_params(params: dict[str, StartParamValue]) -> dict[str, StartParamValue]:
+    for key, value in params.items():
+        if not START_PARAM_KEY.match(key):
+            raise ValueError(f"rayStartParams key {key!r} must look like 'object-store-memory'")
+        if key in OWNED_START_PARAMS:
+            raise ValueError(f"rayStartParams {key!r} is set by servekeeper and cannot be overridden")
+        if isinstance(value, str) and any(ch in value for ch in "\x00\n\r"):
+            raise ValueError(f"rayStartParams {key!r} contains a control character")
+    return params
+
+
+class HeadGroupSpec(_Strict):
+    numCpus: float = Field(default=1, ge=0, le=1024)
+    env: dict[str, str] = Field(default_factory=dict)
+    rayStartParams: dict[str, StartParamValue] = Field(default_factory=dict)
+
+    _env = field_validator("env")(_check_env)
+    _params = field_validator("rayStartParams")(_check_start_params)
+
+
+class WorkerGroupSpec(HeadGroupSpec):
+    name: str
+    replicas: int = Field(default=1, ge=0, le=64)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_dns_label(cls, name: str) -> str:
+        if not DNS_LABEL.match(name):
+            raise ValueError(f"{name!r} is not a DNS label (lowercase letters, digits, '-')")
+        return name
+
+
+class RayClusterConfigSpec(_Strict):
+    workingDir: str | None = None
+    head: HeadGroupSpec = Field(default_factory=HeadGroupSpec)
+    workerGroups: list[WorkerGroupSpec] = Field(default_factory=list)
+
+    def worker_count(self) -> int:
+        return sum(group.replicas for group in self.workerGroups)
+
+    @model_validator(mode="after")
+    def _unique_worker_groups(self) -> RayClusterConfigSpec:
+        names = [group.name for group in self.workerGroups]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"workerGroups names must be unique; repeated: {duplicates}")
+        return self
+
+
+class IngressSpec(_Strict):
+    port: int = Field(ge=1, le=65535)
+
+
+class UpgradeStrategySpec(_Strict):
+    type: Literal["NewCluster", "None"] = "NewCluster"
+
+
+class ServeApplicationSpec(BaseModel):
+    """One application of Ray Serve's own config schema.
+
+    Only the fields servekeeper relies on are typed; the rest pass through to Ray untouched,
+    because Ray validates them and its schema grows with every release.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = "default"
+    route_prefix: str | None = "/"
+    import_path: str
+
+    @field_validator("import_path")
+    @classmethod
+    def _import_path_shape(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z_][\w.]*[:.][A-Za-z_]\w*$", value):
+            raise ValueError(f"{value!r} is not an import path like 'module:attribute'")
+        return value
+
+    @field_validator("route_prefix")
+    @classmethod
+    def _route_prefix_shape(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"route_prefix {value!r} must start with '/'")
+        return value
+
+
+class ServeConfigSpec(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    applications: list[ServeApplicationSpec] = Field(min_length=1)
+    http_options: dict[str, Any] | None = None
+
+    @field_validator("http_options")
+    @classmethod
+    def _port_is_owned(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value and ("port" in value or "host" in value):
+            raise ValueError(
+                "http_options.port and http_options.host belong to servekeeper "
+                "(each cluster gets its own port on 127.0.0.1); remove them"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _unique_apps(self) -> ServeConfigSpec:
+        names = [app.name for app in self.applications]
+        prefixes = [app.route_prefix for app in self.applications if app.route_prefix is not None]
+        for label, values in (("names", names), ("route_prefix values", prefixes)):
+            repeated = sorted({v for v in values if values.count(v) > 1})
+            if repeated:
+                raise ValueError(f"application {label} must be unique; repeated: {repeated}")
+        return self
+
+
+class ServiceSpecBody(_Strict):
+    ingress: IngressSpec
+    rayClusterConfig: RayClusterConfigSpec = Field(default_factory=RayClusterConfigSpec)
+    serveConfig: ServeConfigSpec
+    upgradeStrategy: UpgradeStrategySpec = Field(default_factory=UpgradeStrategySpec)
+    rayClusterDeletionDelaySeconds: float = Field(default=60, ge=0, le=86400)
+    readinessTimeoutSeconds: float = Field(default=600, gt=0, le=86400)
+    serviceUnhealthySecondThreshold: float = Field(default=300, ge=0, le=86400)
+
+
+class Metadata(_Strict):
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_dns_label(cls, name: str) -> str:
+        if not DNS_LABEL.match(name) or len(name) > 40:
+            raise ValueError(f"{name!r} is not a DNS label of at most 40 characters")
+        return name
+
+
+class ServiceSpec(_Strict):
+    apiVersion: Literal["servekeeper/v1alpha1"]
+    kind: Literal["RayService"]
+    metadata: Metadata
+    spec: ServiceSpecBody
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def cluster_spec_hash(self) -> str:
+        """What a cluster is made of; a change here needs a new cluster."""
+        return _digest(self.spec.rayClusterConfig.model_dump(mode="json"))
+
+    def serve_config_hash(self) -> str:
+        """What is submitted to Serve; a change here can be applied in place."""
+        return _digest(
+            {
+                "serveConfig": self.spec.serveConfig.model_dump(mode="json", exclude_none=False),
+                "workingDir": self.spec.rayClusterConfig.workingDir,
+            }
+        )
+
+    def declared_apps(self) -> dict[str, str | None]:
+        """Declared application name -> route prefix."""
+        return {app.name: app.route_prefix for app in self.spec.serveConfig.applications}
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _format_errors(error: ValidationError) -> list[str]:
+    problems = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"]) or "(document)"
+        message = item["msg"].removeprefix("Value error, ")
+        problems.append(f"{path}: {message}")
+    return problems
+
+
+def parse_spec(document: Any) -> ServiceSpec:
+    """Validate a decoded document; raise SpecError listing every problem."""
+    if not isinstance(document, dict):
+        raise SpecError([f"(document): expected a mapping, got {type(document).__name__}"])
+    try:
+        return ServiceSpec.model_validate(document)
+    except ValidationError as exc:
+        raise SpecError(_format_errors(exc)) from exc
+
+
+def load_spec_text(text: str, base_dir: Path | None = None) -> ServiceSpec:
+    """Parse YAML text. A relative workingDir is resolved against base_dir (the file's folder)."""
+    if len(text.encode()) > MAX_SPEC_BYTES:
+        raise SpecError([f"(document): larger than {MAX_SPEC_BYTES} bytes"])
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        raise SpecError([f"(document): not valid YAML: {exc}"]) from exc
+    if len(documents) != 1:
+        raise SpecError([f"(document): expected exactly one YAML document, found {len(documents)}"])
+    spec = parse_spec(documents[0])
+    working_dir = spec.spec.rayClusterConfig.workingDir
+    if working_dir is not None and base_dir is not None and "://" not in working_dir:
+        resolved = (base_dir / working_dir).resolve()
+        if not resolved.is_dir():
+            raise SpecError([f"spec.rayClusterConfig.workingDir: {resolved} is not a directory"])
+        cluster_config = spec.spec.rayClusterConfig.model_copy(update={"workingDir": str(resolved)})
+        body = spec.spec.model_copy(update={"rayClusterConfig": cluster_config})
+        spec = spec.model_copy(update={"spec": body})
+    return spec
+
+
+def load_spec_file(path: Path) -> ServiceSpec:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError([f"(file): cannot read {path}: {exc.strerror}"]) from exc
+    return load_spec_text(text, base_dir=path.parent.resolve())

@@ -1,0 +1,273 @@
+"""Status enums and the frozen records of stored and observed state.
+
+Enums are `str` so that their `.value` is what the store and the API hold: no pickles.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+class AppStatus(str, enum.Enum):
+    NOT_STARTED = "NOT_STARTED"
+    DEPLOYING = "DEPLOYING"
+    DEPLOY_FAILED = "DEPLOY_FAILED"
+    RUNNING = "RUNNING"
+    UNHEALTHY = "UNHEALTHY"
+    DELETING = "DELETING"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def parse(cls, value: str) -> AppStatus:
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+FAILED_APP_STATUSES = frozenset({AppStatus.DEPLOY_FAILED, AppStatus.UNHEALTHY})
+
+
+class AppSource(str, enum.Enum):
+    DECLARATIVE = "declarative"
+    IMPERATIVE = "imperative"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def parse(cls, value: str | None) -> AppSource:
+        try:
+            return cls(value or "unknown")
+        except ValueError:
+            return cls.UNKNOWN
+
+
+class ClusterRole(str, enum.Enum):
+    PENDING = "pending"  # coming up beside the active cluster; gets no traffic
+    ACTIVE = "active"  # receives the service's traffic
+    DRAINING = "draining"  # no new traffic; deleted once idle or at the deadline
+    DELETING = "deleting"  # processes being stopped
+
+
+class ConditionType(str, enum.Enum):
+    READY = "Ready"
+    UPGRADE_IN_PROGRESS = "UpgradeInProgress"
+    ROLLOUT_FAILED = "RolloutFailed"
+    CLUSTER_SPEC_OUTDATED = "ClusterSpecOutdated"
+
+
+class SwitchGate(str, enum.Enum):
+    """When traffic may move to a pending cluster.
+
+    Only READY is the product. The others reproduce the reference's failure modes so that
+    tests and benchmarks can show the gate matters; they are set by an environment variable,
+    never by a spec.
+    """
+
+    READY = "ready"
+    HEALTHY = "healthy"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class ClusterPorts:
+    gcs: int
+    dashboard: int
+    client_server: int
+    serve_http: int
+    serve_grpc: int
+    # Per node (head first, then each worker raylet): ports each raylet needs for itself.
+    node_ports: tuple[NodePorts, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gcs": self.gcs,
+            "dashboard": self.dashboard,
+            "client_server": self.client_server,
+            "serve_http": self.serve_http,
+            "serve_grpc": self.serve_grpc,
+            "node_ports": [node.__dict__ for node in self.node_ports],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClusterPorts:
+        nodes = tuple(NodePorts(**node) for node in data["node_ports"])
+        return cls(
+            gcs=data["gcs"],
+            dashboard=data["dashboard"],
+            client_server=data["client_server"],
+            serve_http=data["serve_http"],
+            serve_grpc=data["serve_grpc"],
+            node_ports=nodes,
+        )
+
+    def all_ports(self) -> list[int]:
+        ports = [self.gcs, self.dashboard, self.client_server, self.serve_http, self.serve_grpc]
+        for node in self.node_ports:
+            ports.extend(node.all_ports())
+        return ports
+
+
+@dataclass(frozen=True)
+class NodePorts:
+    node_manager: int
+    object_manager: int
+    metrics_export: int
+    agent_listen: int
+    agent_grpc: int
+    runtime_env_agent: int
+    min_worker: int
+    max_worker: int
+
+    def all_ports(self) -> list[int]:
+        singles = [
+            self.node_manager, self.object_manager, self.metrics_export,
+            self.agent_listen, self.agent_grpc, self.runtime_env_agent,
+        ]
+        return singles + list(range(self.min_worker, self.max_worker + 1))
+
+
+@dataclass(frozen=True)
+class ClusterRecord:
+    """One Ray cluster as servekeeper stored it. Written before anything is started."""
+
+    name: str
+    service: str
+    generation: int  # the service generation this cluster was created for
+    cluster_spec_hash: str
+    cluster_spec_json: str
+    role: ClusterRole
+    ports: ClusterPorts
+    temp_dir: str
+    log_dir: str
+    created_at: float
+    head_pid: int | None = None  # also the process session id of every process of the head
+    worker_pids: tuple[int, ...] = ()
+    submitted_config_hash: str | None = None  # intent: written before the PUT
+    applied_config_hash: str | None = None  # written after the PUT succeeded
+    config_submitted_at: float | None = None
+    ready_at: float | None = None
+    drain_started_at: float | None = None
+    failure_reason: str | None = None
+
+    def with_changes(self, **changes: Any) -> ClusterRecord:
+        return replace(self, **changes)
+
+    @property
+    def session_ids(self) -> tuple[int, ...]:
+        head = (self.head_pid,) if self.head_pid is not None else ()
+        return head + self.worker_pids
+
+    @property
+    def gcs_address(self) -> str:
+        return f"127.0.0.1:{self.ports.gcs}"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.dashboard}"
+
+    @property
+    def serve_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.serve_http}"
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: ConditionType
+    status: bool
+    reason: str
+    message: str
+    last_transition_time: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type.value,
+            "status": "True" if self.status else "False",
+            "reason": self.reason,
+            "message": self.message,
+            "lastTransitionTime": self.last_transition_time,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Condition:
+        return cls(
+            type=ConditionType(data["type"]),
+            status=data["status"] == "True",
+            reason=data["reason"],
+            message=data["message"],
+            last_transition_time=data["lastTransitionTime"],
+        )
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    name: str
+    spec_json: str
+    generation: int
+    observed_generation: int = 0
+    deleting: bool = False
+    unhealthy_since: float | None = None
+    failed_generation: int | None = None  # rollout of this generation failed; not retried
+    failure_reason: str | None = None
+    conditions: tuple[Condition, ...] = ()
+    created_at: float = 0.0
+
+    def with_changes(self, **changes: Any) -> ServiceRecord:
+        return replace(self, **changes)
+
+    def condition(self, condition_type: ConditionType) -> Condition | None:
+        for condition in self.conditions:
+            if condition.type == condition_type:
+                return condition
+        return None
+
+    def conditions_json(self) -> str:
+        return json.dumps([c.to_json() for c in self.conditions])
+
+
+@dataclass(frozen=True)
+class AppState:
+    name: str
+    status: AppStatus
+    source: AppSource
+    message: str = ""
+    route_prefix: str | None = None
+    last_deployed_time_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ClusterObservation:
+    """What one look at a cluster showed. `None` fields were not reachable."""
+
+    name: str
+    processes_alive: bool
+    dashboard_ok: bool = False
+    apps: dict[str, AppState] | None = None  # None when the Serve API did not answer
+    proxy_healthy: bool = False
+    routes: frozenset[str] = frozenset()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class IngressRouteObservation:
+    active: str | None
+    upstreams: frozenset[str]
+    inflight: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Observation:
+    clusters: dict[str, ClusterObservation]
+    route: IngressRouteObservation | None  # None when the ingress has no route for the service
+    ingress_ok: bool = True
+
+
+@dataclass(frozen=True)
+class Event:
+    service: str
+    time: float
+    type: str  # "Normal" | "Warning"
+    reason: str
+    message: str
