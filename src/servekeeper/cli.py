@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
+import psutil
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -270,7 +271,9 @@ def down(
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and read_api_info(directory) is not None:
             time.sleep(0.2)
-        if read_api_info(directory) is not None:
+        while time.monotonic() < deadline and psutil.pid_exists(client.pid) and not _is_zombie(client.pid):
+            time.sleep(0.2)
+        if read_api_info(directory) is not None or (psutil.pid_exists(client.pid) and not _is_zombie(client.pid)):
             errors.print("[red]the daemon did not stop in time[/red]")
             raise typer.Exit(1)
     else:
@@ -279,6 +282,13 @@ def down(
         stopped = asyncio.run(stop_everything_offline(directory))
         console.print(f"no daemon was running; stopped {stopped} cluster(s) and the ingress directly")
     console.print("servekeeper is down")
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def main() -> None:

@@ -99,14 +99,35 @@ def worker_command(cluster: ClusterRecord, node_index: int, num_cpus: float, par
     ]
 
 
-def _environment(extra: dict[str, str], loopback_only: bool) -> dict[str, str]:
+OWNER_ENV = "SERVEKEEPER_CLUSTER_LOG_DIR"
+
+
+def _environment(cluster: ClusterRecord, extra: dict[str, str], loopback_only: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
     env.update(extra)
+    # Every process of the cluster inherits this tag, actor workers included: a last-resort
+    # way to find stragglers that left the cluster's sessions.
+    env[OWNER_ENV] = cluster.log_dir
     if loopback_only:
         # Ray then keeps the node on 127.0.0.1: GCS, raylet and agents bind to loopback only.
         # It also refuses extra nodes, so clusters with worker groups use the host's address.
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     return env
+
+
+def tagged_processes(prefix: str) -> list[psutil.Process]:
+    """Live processes whose owner tag starts with `prefix` (a cluster's log dir, or a state dir)."""
+    found = []
+    for process in psutil.process_iter(["status"]):
+        try:
+            if process.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            tag = process.environ().get(OWNER_ENV, "")
+            if tag and (tag == prefix or tag.startswith(prefix.rstrip("/") + "/")):
+                found.append(process)
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def session_members(session_ids: tuple[int, ...]) -> list[psutil.Process]:
@@ -175,7 +196,7 @@ class LocalProvider:
     def start_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
         """Spawn the head (no waiting); the caller records its pid before anything else."""
         Path(cluster.temp_dir).mkdir(parents=True, exist_ok=True)
-        env = _environment(config.head.env, loopback_only=config.worker_count() == 0)
+        env = _environment(cluster, config.head.env, loopback_only=config.worker_count() == 0)
         pid = self._spawn(head_command(cluster, config.head), env, Path(cluster.log_dir) / "head.log")
         logger.info("[%s/%s] head started, pid %d", cluster.service, cluster.name, pid)
         return cluster.with_changes(head_pid=pid)
@@ -202,7 +223,7 @@ class LocalProvider:
                     continue
                 command = worker_command(cluster, node_index, group.numCpus, group.rayStartParams)
                 log_path = Path(cluster.log_dir) / f"worker-{group.name}-{replica}.log"
-                pid = self._spawn(command, _environment(group.env, loopback_only=False), log_path)
+                pid = self._spawn(command, _environment(cluster, group.env, loopback_only=False), log_path)
                 cluster = cluster.with_changes(worker_pids=cluster.worker_pids + (pid,))
                 on_spawn(cluster)
         return cluster
@@ -213,32 +234,36 @@ class LocalProvider:
 
     def leftover_pids(self, cluster: ClusterRecord) -> list[int]:
         sessions = tuple(pid for pid in cluster.session_ids if _session_is_ours(pid, cluster.temp_dir))
-        return [process.pid for process in session_members(sessions)]
+        pids = {process.pid for process in session_members(sessions)}
+        pids.update(process.pid for process in tagged_processes(cluster.log_dir))
+        return sorted(pids)
 
     async def stop(self, cluster: ClusterRecord) -> list[int]:
         sessions = tuple(pid for pid in cluster.session_ids if _session_is_ours(pid, cluster.temp_dir))
         for session in sessions:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(session, signal.SIGTERM)
-        await self._wait_gone(sessions, TERM_GRACE_SECONDS)
+        await self._wait_gone(sessions, cluster.log_dir, TERM_GRACE_SECONDS)
         # gcs_server, the raylet and the actor workers often outlive SIGTERM: kill what is left,
         # each actor worker by pid since it sits in a process group of its own.
-        for process in session_members(sessions):
+        for process in session_members(sessions) + tagged_processes(cluster.log_dir):
             with contextlib.suppress(psutil.Error):
                 process.kill()
-        leftovers = await self._wait_gone(sessions, KILL_GRACE_SECONDS)
+        leftovers = await self._wait_gone(sessions, cluster.log_dir, KILL_GRACE_SECONDS)
         self._reap()
         shutil.rmtree(cluster.temp_dir, ignore_errors=True)
         if leftovers:
             logger.warning("[%s/%s] processes survived SIGKILL: %s", cluster.service, cluster.name, leftovers)
         return leftovers
 
-    async def _wait_gone(self, sessions: tuple[int, ...], timeout: float) -> list[int]:
+    async def _wait_gone(self, sessions: tuple[int, ...], log_dir: str, timeout: float) -> list[int]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             self._reap()
             alive = [process.pid for process in session_members(sessions)]
+            if not alive:
+                alive = [process.pid for process in tagged_processes(log_dir)]
             if not alive or loop.time() >= deadline:
                 return alive
             await asyncio.sleep(0.2)

@@ -1,0 +1,240 @@
+"""Drive a real servekeeper (CLI subprocesses, real Ray, real ingress) and load it from tests."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+import yaml
+
+from servekeeper.ports import PortAllocator
+from servekeeper.providers.local import tagged_processes
+
+REPO = Path(__file__).resolve().parents[1]
+HELLO_APP = REPO / "examples" / "hello" / "app"
+
+
+def hello_spec(
+    name: str,
+    port: int,
+    msg: str = "v1",
+    head_cpus: float = 1,
+    ready_delay_s: float = 0,
+    import_path: str = "hello:app",
+    **spec_overrides: Any,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "ingress": {"port": port},
+        "rayClusterConfig": {"workingDir": str(HELLO_APP), "head": {"numCpus": head_cpus}},
+        "serveConfig": {
+            "applications": [
+                {
+                    "name": "hello",
+                    "route_prefix": "/",
+                    "import_path": import_path,
+                    "args": {"msg": msg, "ready_delay_s": ready_delay_s},
+                }
+            ]
+        },
+        "rayClusterDeletionDelaySeconds": 60,
+        "readinessTimeoutSeconds": 300,
+    }
+    spec.update(spec_overrides)
+    return {"apiVersion": "servekeeper/v1alpha1", "kind": "RayService", "metadata": {"name": name}, "spec": spec}
+
+
+class Servekeeper:
+    """One state dir, its daemon, and helpers to look inside it."""
+
+    def __init__(self, state_dir: Path, workdir: Path) -> None:
+        self.state_dir = state_dir
+        self.workdir = workdir
+        self.env = {**os.environ, "SERVEKEEPER_STATE_DIR": str(state_dir)}
+        self.env.pop("SERVEKEEPER_UNSAFE_SWITCH_GATE", None)
+        self._files = 0
+
+    def cli(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "servekeeper.cli", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"servekeeper {' '.join(args)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+            )
+        return result
+
+    def up(self, gate: str | None = None) -> None:
+        if gate is not None:
+            self.env["SERVEKEEPER_UNSAFE_SWITCH_GATE"] = gate
+        self.cli("up", "--detach", timeout=90)
+
+    def apply(self, document: dict[str, Any]) -> None:
+        self._files += 1
+        path = self.workdir / f"spec-{self._files}.yaml"
+        path.write_text(yaml.safe_dump(document))
+        self.cli("apply", "-f", str(path))
+
+    def wait(self, name: str, timeout: float = 240) -> int:
+        return self.cli("wait", name, "--timeout", str(timeout), timeout=timeout + 30, check=False).returncode
+
+    def get(self, name: str) -> dict[str, Any]:
+        return dict(json.loads(self.cli("get", name, "-o", "json").stdout))
+
+    def condition(self, name: str, condition_type: str) -> dict[str, Any]:
+        for condition in self.get(name)["conditions"]:
+            if condition["type"] == condition_type:
+                return dict(condition)
+        raise AssertionError(f"no {condition_type} condition")
+
+    def controller_pid(self) -> int:
+        return int((self.state_dir / "controller.pid").read_text())
+
+    def kill_controller(self) -> None:
+        pid = self.controller_pid()
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not _alive(pid), 10, "controller to die")
+
+    def db(self) -> sqlite3.Connection:
+        return sqlite3.connect(f"file:{self.state_dir / 'store.db'}?mode=ro", uri=True)
+
+    def clusters(self) -> list[dict[str, Any]]:
+        with self.db() as db:
+            db.row_factory = sqlite3.Row
+            return [dict(row) for row in db.execute("SELECT * FROM clusters ORDER BY created_at")]
+
+    def submissions(self) -> list[tuple[str, str]]:
+        with self.db() as db:
+            return [(row[0], row[1]) for row in db.execute("SELECT cluster, config_hash FROM submissions")]
+
+    def events(self, name: str) -> list[str]:
+        with self.db() as db:
+            return [row[0] for row in db.execute("SELECT reason FROM events WHERE service = ? ORDER BY id", (name,))]
+
+    def owned_processes(self) -> list[psutil.Process]:
+        """Every live process this state dir owns: Ray processes by their tag, plus daemon and ingress."""
+        found = {p.pid: p for p in tagged_processes(str(self.state_dir))}
+        for process in psutil.process_iter(["cmdline", "status"]):
+            try:
+                cmdline = " ".join(process.info["cmdline"] or [])
+                if str(self.state_dir) in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE:
+                    found[process.pid] = process
+            except psutil.Error:
+                continue
+        return list(found.values())
+
+    def down_and_check_nothing_left(self) -> list[str]:
+        self.cli("down", timeout=180, check=False)
+        leftovers: list[str] = []
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            alive = self.owned_processes()
+            if not alive:
+                return []
+            time.sleep(0.5)
+        for process in self.owned_processes():
+            try:
+                leftovers.append(f"{process.pid} {' '.join(process.cmdline())[:120]}")
+                process.kill()
+            except psutil.Error:
+                continue
+        return leftovers
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.25) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def free_port() -> int:
+    return PortAllocator().one()
+
+
+@dataclass
+class LoadResult:
+    ok: int = 0
+    failures: collections.Counter[str] = field(default_factory=collections.Counter)
+    bodies: collections.Counter[str] = field(default_factory=collections.Counter)
+    timeline: list[tuple[float, str]] = field(default_factory=list)  # (time, body or failure kind)
+
+    @property
+    def failed(self) -> int:
+        return sum(self.failures.values())
+
+
+class Load:
+    """Closed-loop clients in a thread of their own, each request on a fresh connection
+    when `new_connections` (like the reference's Locust experiment), until stopped."""
+
+    def __init__(self, url: str, clients: int = 32, new_connections: bool = False, timeout: float = 30) -> None:
+        self.url = url
+        self.clients = clients
+        self.new_connections = new_connections
+        self.timeout = timeout
+        self.result = LoadResult()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> LoadResult:
+        self._stop.set()
+        self._thread.join(timeout=self.timeout + 10)
+        return self.result
+
+    async def _run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        connector = aiohttp.TCPConnector(limit=0, force_close=self.new_connections)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            await asyncio.gather(*(self._client(session) for _ in range(self.clients)))
+
+    async def _client(self, session: aiohttp.ClientSession) -> None:
+        while not self._stop.is_set():
+            try:
+                async with session.get(self.url) as response:
+                    body = await response.text()
+                    if response.status == 200:
+                        self.result.ok += 1
+                        self.result.bodies[body] += 1
+                        self.result.timeline.append((time.time(), body))
+                    else:
+                        kind = f"HTTP {response.status}"
+                        self.result.failures[kind] += 1
+                        self.result.timeline.append((time.time(), kind))
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                kind = type(exc).__name__
+                self.result.failures[kind] += 1
+                self.result.timeline.append((time.time(), kind))
+                await asyncio.sleep(0.01)

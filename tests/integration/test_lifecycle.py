@@ -1,0 +1,98 @@
+"""Real Ray clusters, the real ingress, a real SQLite store: apply, change in place, delete."""
+
+from __future__ import annotations
+
+import httpx
+import psutil
+import pytest
+
+from tests.harness import Servekeeper, free_port, hello_spec, wait_until
+
+pytestmark = pytest.mark.ray
+
+
+def test_first_apply_serves_through_the_ingress_and_reports_status(sk: Servekeeper) -> None:
+    port = free_port()
+    sk.up()
+    sk.apply(hello_spec("hello", port, msg="v1"))
+    assert sk.wait("hello") == 0
+
+    assert httpx.get(f"http://127.0.0.1:{port}/").text == "v1"
+    view = sk.get("hello")
+    assert view["name"] == "hello"
+    assert view["generation"] == view["observedGeneration"] == 1
+    conditions = {c["type"]: c for c in view["conditions"]}
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["UpgradeInProgress"]["status"] == "False"
+    assert conditions["RolloutFailed"]["status"] == "False"
+    assert conditions["ClusterSpecOutdated"]["status"] == "False"
+    assert all({"type", "status", "reason", "message", "lastTransitionTime"} <= set(c) for c in conditions.values())
+    assert view["ingress"]["url"] == f"http://127.0.0.1:{port}"
+    assert view["pendingCluster"] is None
+    active = view["activeCluster"]
+    assert active["trafficPercent"] == 100
+    assert active["generation"] == 1
+    assert active["address"].startswith("127.0.0.1:")
+    assert active["applications"]["hello"] == {"status": "RUNNING", "source": "declarative", "message": ""}
+    # The cluster's own Serve endpoint answers too, bypassing the ingress.
+    assert httpx.get(active["serveUrl"] + "/").text == "v1"
+    assert httpx.get(active["dashboardUrl"] + "/api/serve/applications/").status_code == 200
+    # Human-readable commands work on the same state.
+    described = sk.cli("describe", "hello").stdout
+    assert "Ready" in described and "hello" in described and "TrafficSwitched" in described
+    assert "ClusterCreating" in sk.cli("events", "hello").stdout
+
+
+def test_serve_config_change_applies_in_place_and_is_never_resubmitted(sk: Servekeeper) -> None:
+    port = free_port()
+    sk.up()
+    sk.apply(hello_spec("inplace", port, msg="v1"))
+    assert sk.wait("inplace") == 0
+    first_cluster = sk.get("inplace")["activeCluster"]["name"]
+
+    sk.apply(hello_spec("inplace", port, msg="v1-patched"))
+    assert sk.wait("inplace") == 0
+    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/").text == "v1-patched", 60, "the patched response")
+    view = sk.get("inplace")
+    assert view["generation"] == 2
+    assert view["activeCluster"]["name"] == first_cluster, "a Serve-config-only change must not roll a cluster"
+    assert [c["name"] for c in sk.clusters()] == [first_cluster]
+
+    # A controller restart must not PUT the same config again.
+    submissions_before = sk.submissions()
+    sk.kill_controller()
+    sk.up()
+    assert sk.wait("inplace") == 0
+    assert sk.submissions() == submissions_before
+    assert len(submissions_before) == 2  # v1 then v1-patched, once each
+
+
+def test_upgrade_strategy_none_reports_outdated_and_delete_stops_everything(sk: Servekeeper) -> None:
+    port = free_port()
+    sk.up()
+    sk.apply(hello_spec("frozen", port, upgradeStrategy={"type": "None"}))
+    assert sk.wait("frozen") == 0
+    cluster = sk.clusters()[0]
+
+    sk.apply(hello_spec("frozen", port, head_cpus=2, upgradeStrategy={"type": "None"}))
+    assert sk.wait("frozen", timeout=60) == 1
+    outdated = sk.condition("frozen", "ClusterSpecOutdated")
+    assert outdated["status"] == "True"
+    assert "upgradeStrategy" in outdated["message"]
+    assert [c["name"] for c in sk.clusters()] == [cluster["name"]], "no new cluster may be created"
+    assert httpx.get(f"http://127.0.0.1:{port}/").text == "v1"
+
+    sk.cli("delete", "frozen")
+    wait_until(lambda: sk.clusters() == [], 60, "the service's clusters to be deleted")
+    wait_until(lambda: not psutil.pid_exists(cluster["head_pid"]), 10, "the head to exit")
+    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/").status_code != 200
+               if _listening(port) else True, 10, "the route to be removed")
+    assert "frozen" not in sk.cli("get").stdout
+
+
+def _listening(port: int) -> bool:
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
+        return True
+    except httpx.TransportError:
+        return False
