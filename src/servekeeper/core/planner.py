@@ -341,6 +341,8 @@ class _Planner:
                 f": {verdict.message}" if verdict.message else ""
             )
             conditions.append((ConditionType.UPGRADE_IN_PROGRESS, True, "PendingClusterNotReady", message))
+        elif any(isinstance(action, CreateCluster) for action in self.plan.actions):
+            conditions.append((ConditionType.UPGRADE_IN_PROGRESS, True, "PendingClusterCreating", ""))
         else:
             conditions.append((ConditionType.UPGRADE_IN_PROGRESS, False, "NoPendingCluster", ""))
 

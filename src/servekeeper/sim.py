@@ -1,0 +1,193 @@
+"""A simulated world on a fake clock: clusters that start, deploy and fail on schedule.
+
+It executes the planner's actions the way the controller would, and makes observations the
+way Ray would answer, with no process and no socket. Used by the planner's tick-by-tick tests
+and by the scale benchmark; never instead of real Ray in integration tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from servekeeper.core import actions as act
+from servekeeper.core.planner import Plan, plan
+from servekeeper.spec import ServiceSpec
+from servekeeper.status import (
+    AppSource,
+    AppState,
+    AppStatus,
+    ClusterObservation,
+    ClusterPorts,
+    ClusterRecord,
+    ClusterRole,
+    Event,
+    IngressRouteObservation,
+    NodePorts,
+    Observation,
+    ServiceRecord,
+    SwitchGate,
+)
+
+_NODE = NodePorts(1, 2, 3, 4, 5, 6, 7, 8)
+_PORTS = ClusterPorts(gcs=1, dashboard=2, client_server=3, serve_http=4, serve_grpc=5, node_ports=(_NODE,))
+
+
+@dataclass
+class SimCluster:
+    """How a simulated cluster behaves: seconds from start to dashboard, from config to RUNNING."""
+
+    head_start_s: float = 6.0
+    deploy_s: float = 3.0
+    app_status_after_deploy: AppStatus = AppStatus.RUNNING
+    started_at: float | None = None
+    config_at: float | None = None
+    head_alive: bool = True
+    extra_apps: dict[str, AppState] = field(default_factory=dict)
+
+
+@dataclass
+class SimWorld:
+    spec: ServiceSpec
+    now: float = 1000.0
+    gate: SwitchGate = SwitchGate.READY
+    behaviours: list[SimCluster] = field(default_factory=list)  # used in creation order
+    default_behaviour: SimCluster = field(default_factory=SimCluster)
+
+    def __post_init__(self) -> None:
+        self.service = ServiceRecord(
+            name=self.spec.name, spec_json=self.spec.to_json(), generation=1, created_at=self.now
+        )
+        self.clusters: dict[str, ClusterRecord] = {}
+        self.sim: dict[str, SimCluster] = {}
+        self.route: IngressRouteObservation | None = None
+        self.inflight: dict[str, int] = {}
+        self.events: list[Event] = []
+        self.actions: list[act.Action] = []
+        self.submissions: list[str] = []
+        self._ids = itertools.count(1)
+        self.forgotten = False
+
+    # -- inputs --------------------------------------------------------------------------
+
+    def apply(self, spec: ServiceSpec) -> None:
+        if spec.to_json() != self.service.spec_json:
+            self.spec = spec
+            self.service = self.service.with_changes(spec_json=spec.to_json(), generation=self.service.generation + 1)
+
+    def delete(self) -> None:
+        self.service = self.service.with_changes(deleting=True)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    # -- observation ---------------------------------------------------------------------
+
+    def observe_cluster(self, cluster: ClusterRecord) -> ClusterObservation:
+        behaviour = self.sim[cluster.name]
+        if behaviour.started_at is None or not behaviour.head_alive:
+            return ClusterObservation(name=cluster.name, processes_alive=False)
+        if self.now - behaviour.started_at < behaviour.head_start_s:
+            return ClusterObservation(name=cluster.name, processes_alive=True, error="starting")
+        apps: dict[str, AppState] = dict(behaviour.extra_apps)
+        routes: set[str] = set()
+        if behaviour.config_at is not None:
+            deployed = self.now - behaviour.config_at >= behaviour.deploy_s
+            status = behaviour.app_status_after_deploy if deployed else AppStatus.DEPLOYING
+            for name, prefix in self.spec.declared_apps().items():
+                apps[name] = AppState(name=name, status=status, source=AppSource.DECLARATIVE, route_prefix=prefix)
+                if status == AppStatus.RUNNING and prefix is not None:
+                    routes.add(prefix)
+        return ClusterObservation(
+            name=cluster.name,
+            processes_alive=True,
+            dashboard_ok=True,
+            apps=apps,
+            proxy_healthy=True,
+            routes=frozenset(routes),
+        )
+
+    def observe(self) -> Observation:
+        route = None
+        if self.route is not None:
+            route = IngressRouteObservation(
+                active=self.route.active,
+                upstreams=self.route.upstreams,
+                inflight={name: self.inflight.get(name, 0) for name in self.route.upstreams},
+            )
+        clusters = {
+            name: self.observe_cluster(cluster)
+            for name, cluster in self.clusters.items()
+            if cluster.role != ClusterRole.DELETING
+        }
+        return Observation(clusters=clusters, route=route)
+
+    # -- one tick ------------------------------------------------------------------------
+
+    def tick(self) -> Plan:
+        decision = plan(self.spec, self.service, list(self.clusters.values()), self.observe(), self.now, self.gate)
+        for action in decision.actions:
+            self._execute(action)
+        self.service = decision.service
+        self.events.extend(decision.events)
+        self.actions.extend(decision.actions)
+        return decision
+
+    def run_for(self, seconds: float, step: float = 0.5) -> None:
+        end = self.now + seconds
+        while self.now < end:
+            self.tick()
+            self.advance(step)
+
+    def _execute(self, action: act.Action) -> None:
+        if isinstance(action, act.CreateCluster):
+            number = next(self._ids)
+            name = f"{self.service.name}-g{self.service.generation}-{number}"
+            self.clusters[name] = ClusterRecord(
+                name=name,
+                service=self.service.name,
+                generation=self.service.generation,
+                cluster_spec_hash=self.spec.cluster_spec_hash(),
+                cluster_spec_json=self.spec.spec.rayClusterConfig.model_dump_json(),
+                role=action.role,
+                ports=_PORTS,
+                temp_dir=f"/sim/{name}",
+                log_dir=f"/sim/{name}",
+                created_at=self.now,
+                head_pid=number,
+            )
+            index = number - 1
+            template = self.behaviours[index] if index < len(self.behaviours) else self.default_behaviour
+            self.sim[name] = SimCluster(**{**template.__dict__, "started_at": self.now, "config_at": None})
+        elif isinstance(action, act.StartCluster):
+            self.clusters[action.cluster] = self.clusters[action.cluster].with_changes(head_pid=99)
+            self.sim[action.cluster].started_at = self.now
+        elif isinstance(action, act.SubmitConfig):
+            cluster = self.clusters[action.cluster]
+            self.clusters[action.cluster] = cluster.with_changes(
+                submitted_config_hash=action.config_hash, applied_config_hash=action.config_hash
+            )
+            self.sim[action.cluster].config_at = self.now
+            self.submissions.append(action.cluster)
+        elif isinstance(action, act.UpdateCluster):
+            self.clusters[action.cluster] = self.clusters[action.cluster].with_changes(**action.changes)
+        elif isinstance(action, act.SetRoute):
+            self.route = IngressRouteObservation(active=action.active, upstreams=frozenset(action.upstreams))
+        elif isinstance(action, act.RemoveRoute):
+            self.route = None
+        elif isinstance(action, act.DeleteCluster):
+            self.clusters.pop(action.cluster, None)
+            self.sim.pop(action.cluster, None)
+        elif isinstance(action, act.ForgetService):
+            self.forgotten = True
+
+    # -- views for assertions ------------------------------------------------------------
+
+    def with_role(self, role: ClusterRole) -> list[ClusterRecord]:
+        return [c for c in self.clusters.values() if c.role == role]
+
+    def condition(self, condition_type: str) -> bool:
+        for condition in self.service.conditions:
+            if condition.type.value == condition_type:
+                return condition.status
+        raise KeyError(condition_type)

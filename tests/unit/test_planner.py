@@ -1,0 +1,307 @@
+"""The planner, tick by tick on a fake clock, for every flow of the core."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from servekeeper.core import actions as act
+from servekeeper.core.planner import plan
+from servekeeper.sim import SimCluster, SimWorld
+from servekeeper.spec import ServiceSpec, parse_spec
+from servekeeper.status import AppStatus, ClusterRole, IngressRouteObservation, Observation, SwitchGate
+
+
+def make_spec(msg: str = "v1", cpus: float = 1, **overrides: Any) -> ServiceSpec:
+    body: dict[str, Any] = {
+        "ingress": {"port": 8000},
+        "rayClusterConfig": {"head": {"numCpus": cpus}},
+        "serveConfig": {"applications": [{"name": "hello", "route_prefix": "/", "import_path": "hello:app",
+                                          "args": {"msg": msg}}]},
+        "rayClusterDeletionDelaySeconds": 60,
+        "readinessTimeoutSeconds": 120,
+        "serviceUnhealthySecondThreshold": 30,
+    }
+    body.update(overrides)
+    return parse_spec({"apiVersion": "servekeeper/v1alpha1", "kind": "RayService", "metadata": {"name": "svc"},
+                       "spec": body})
+
+
+def rolled_out(world: SimWorld, seconds: float = 15) -> SimWorld:
+    world.run_for(seconds)
+    assert world.condition("Ready"), world.service.conditions
+    return world
+
+
+def step_until_draining(world: SimWorld, name: str) -> None:
+    world.tick()
+    while world.clusters[name].role != ClusterRole.DRAINING:
+        world.advance(0.5)
+        world.tick()
+
+
+def kinds(actions: list[act.Action]) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def test_first_apply_creates_submits_waits_for_ready_then_routes() -> None:
+    world = SimWorld(make_spec())
+    first = world.tick()
+    assert kinds(first.actions) == ["CreateCluster"]
+    assert not world.condition("Ready")
+
+    world.advance(3)
+    assert world.tick().actions == []  # head still starting: nothing to do, nothing blocks
+
+    world.advance(3.5)
+    assert kinds(world.tick().actions) == ["SubmitConfig"]
+    world.advance(1)
+    assert world.tick().actions == []  # DEPLOYING is healthy but not ready: no route yet
+    assert world.route is None
+
+    world.advance(2.5)
+    switch = world.tick()
+    assert kinds(switch.actions) == ["SetRoute", "UpdateCluster"]
+    assert world.route is not None and world.route.active == world.with_role(ClusterRole.ACTIVE)[0].name
+    assert world.condition("Ready")
+    assert world.service.observed_generation == 1
+    assert world.tick().actions == []  # steady state: idempotent, nothing to do
+
+
+def test_cluster_spec_change_rolls_a_pending_cluster_and_switches_only_when_ready() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    old = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(make_spec(msg="v2", cpus=2))
+
+    assert kinds(world.tick().actions) == ["CreateCluster"]
+    assert world.condition("UpgradeInProgress")
+    pending = world.with_role(ClusterRole.PENDING)[0]
+    for _ in range(int(9 / 0.5) - 1):  # head start + deploy: the route must not move
+        world.advance(0.5)
+        world.tick()
+        assert world.route is not None and world.route.active == old.name
+    assert world.submissions == [old.name, pending.name], "config goes to the pending cluster only"
+    world.run_for(2)
+    assert world.route is not None and world.route.active == pending.name
+    assert world.clusters[old.name].role == ClusterRole.DRAINING
+    assert world.route.upstreams == frozenset({pending.name, old.name}), "the old cluster stays counted"
+    assert not world.condition("UpgradeInProgress")
+    assert world.service.observed_generation == 2
+
+
+def test_old_cluster_is_deleted_when_idle_after_the_minimum_drain() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    old = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(make_spec(cpus=2))
+    world.run_for(11)
+    assert world.clusters[old.name].role == ClusterRole.DRAINING
+    drain_started = world.clusters[old.name].drain_started_at
+    assert drain_started is not None
+    world.inflight[old.name] = 3
+    world.run_for(10)
+    assert old.name in world.clusters, "never deleted while requests are in flight (before the deadline)"
+    world.inflight[old.name] = 0
+    world.tick()
+    assert old.name not in world.clusters
+    assert world.route is not None and old.name not in world.route.upstreams
+
+
+def test_old_cluster_is_idle_at_once_but_kept_for_the_minimum_drain() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    old = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(make_spec(cpus=2))
+    step_until_draining(world, old.name)
+    switched_at = world.clusters[old.name].drain_started_at
+    assert switched_at is not None
+    while old.name in world.clusters:
+        world.advance(0.5)
+        world.tick()
+    assert world.now - switched_at >= 2.0
+
+
+def test_old_cluster_is_deleted_at_the_deletion_delay_even_if_busy() -> None:
+    world = rolled_out(SimWorld(make_spec(rayClusterDeletionDelaySeconds=20)))
+    old = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(make_spec(cpus=2, rayClusterDeletionDelaySeconds=20))
+    world.inflight[old.name] = 5
+    world.run_for(12)
+    started = world.clusters[old.name].drain_started_at
+    assert started is not None
+    world.run_for(started + 19.9 - world.now)
+    assert old.name in world.clusters
+    world.run_for(1)
+    assert old.name not in world.clusters
+    assert any("deletion delay" in e.message for e in world.events)
+
+
+def test_serve_config_only_change_is_applied_in_place_once() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    active = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(make_spec(msg="v2"))
+    world.run_for(10)
+    assert list(world.clusters) == [active.name], "no new cluster for a Serve-config-only change"
+    assert world.submissions == [active.name, active.name]
+    world.run_for(30)
+    assert len(world.submissions) == 2, "never re-submitted once applied"
+
+
+def test_config_already_put_before_a_crash_is_adopted_not_resubmitted() -> None:
+    spec = make_spec()
+    world = rolled_out(SimWorld(spec))
+    world.apply(make_spec(msg="v2"))
+    # The controller wrote the intent and the PUT went through, but it died before recording success.
+    name = world.with_role(ClusterRole.ACTIVE)[0].name
+    desired = world.spec.serve_config_hash()
+    world.clusters[name] = world.clusters[name].with_changes(submitted_config_hash=desired)
+    decision = world.tick()
+    assert [a for a in decision.actions if isinstance(a, act.SubmitConfig)] == []
+    assert act.UpdateCluster(name, {"applied_config_hash": desired}) in decision.actions
+
+
+def test_spec_change_while_pending_replaces_the_pending_cluster() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    world.apply(make_spec(cpus=2))
+    world.run_for(3)
+    first_pending = world.with_role(ClusterRole.PENDING)[0]
+    world.apply(make_spec(cpus=3))
+    decision = world.tick()
+    assert act.DeleteCluster(first_pending.name, "SpecChanged") in decision.actions
+    world.run_for(12)
+    active = world.with_role(ClusterRole.ACTIVE)[0]
+    assert active.generation == 3 and first_pending.name not in world.clusters
+
+
+def test_pending_cluster_that_fails_to_deploy_fails_the_rollout_and_keeps_traffic() -> None:
+    world = SimWorld(make_spec(), behaviours=[SimCluster(), SimCluster(app_status_after_deploy=AppStatus.DEPLOY_FAILED)])
+    rolled_out(world)
+    old = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(make_spec(cpus=2))
+    world.run_for(15)
+    assert world.condition("RolloutFailed")
+    assert world.with_role(ClusterRole.PENDING) == []
+    assert world.route is not None and world.route.active == old.name
+    assert world.condition("Ready")
+    assert world.service.observed_generation == 2
+    created = sum(isinstance(a, act.CreateCluster) for a in world.actions)
+    world.run_for(60)
+    assert sum(isinstance(a, act.CreateCluster) for a in world.actions) == created, "a failed rollout is not retried"
+    world.apply(make_spec(cpus=3))
+    world.tick()
+    assert not world.condition("RolloutFailed"), "a new generation is a new rollout"
+
+
+def test_pending_cluster_not_ready_within_the_timeout_fails_the_rollout() -> None:
+    world = SimWorld(make_spec(readinessTimeoutSeconds=20), behaviours=[SimCluster(), SimCluster(deploy_s=1000)])
+    rolled_out(world)
+    world.apply(make_spec(cpus=2, readinessTimeoutSeconds=20))
+    world.run_for(19)
+    assert not world.condition("RolloutFailed") and world.condition("UpgradeInProgress")
+    world.run_for(3)
+    assert world.condition("RolloutFailed")
+    failed = next(c for c in world.service.conditions if c.type.value == "RolloutFailed")
+    assert failed.reason == "ReadinessTimeout"
+    assert any(e.reason == "RolloutFailed" and e.type == "Warning" for e in world.events)
+
+
+def test_readiness_timeout_survives_a_restart_because_it_is_stored() -> None:
+    world = SimWorld(make_spec(readinessTimeoutSeconds=20), behaviours=[SimCluster(), SimCluster(deploy_s=1000)])
+    rolled_out(world)
+    world.apply(make_spec(cpus=2, readinessTimeoutSeconds=20))
+    world.run_for(15)
+    # A restarted controller starts from the stored records only: created_at is among them.
+    restarted = plan(world.spec, world.service, list(world.clusters.values()), world.observe(), world.now + 6)
+    assert any(isinstance(a, act.DeleteCluster) for a in restarted.actions)
+
+
+def test_upgrade_strategy_none_reports_cluster_spec_outdated_and_creates_nothing() -> None:
+    world = rolled_out(SimWorld(make_spec(upgradeStrategy={"type": "None"})))
+    world.apply(make_spec(cpus=2, upgradeStrategy={"type": "None"}))
+    world.run_for(30)
+    assert len(world.clusters) == 1
+    assert world.condition("ClusterSpecOutdated")
+    assert world.condition("Ready")
+    assert world.service.observed_generation == 2
+
+
+def test_unhealthy_active_cluster_is_replaced_after_the_threshold_ready_gated() -> None:
+    world = rolled_out(SimWorld(make_spec(serviceUnhealthySecondThreshold=30)))
+    old = world.with_role(ClusterRole.ACTIVE)[0]
+    world.sim[old.name].head_alive = False
+    world.tick()
+    assert not world.condition("Ready")
+    assert world.service.unhealthy_since is not None
+    world.run_for(29)
+    assert world.with_role(ClusterRole.PENDING) == []
+    world.run_for(1.5)
+    replacement = world.with_role(ClusterRole.PENDING)
+    assert len(replacement) == 1
+    world.run_for(5)
+    assert world.route is not None and world.route.active == old.name, "no switch before the replacement is ready"
+    world.run_for(10)
+    assert world.route.active == replacement[0].name
+    assert world.condition("Ready")
+
+
+def test_switch_acknowledged_by_the_ingress_but_not_recorded_is_completed() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    old = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(make_spec(cpus=2))
+    world.run_for(5)
+    pending = world.with_role(ClusterRole.PENDING)[0]
+    # The controller pushed the route, then died before it stored the new roles.
+    world.route = IngressRouteObservation(active=pending.name, upstreams=frozenset({pending.name, old.name}))
+    world.tick()
+    assert world.clusters[pending.name].role == ClusterRole.ACTIVE
+    assert world.clusters[old.name].role == ClusterRole.DRAINING
+
+
+def test_intent_without_process_is_started_and_deleting_clusters_are_finished() -> None:
+    world = SimWorld(make_spec())
+    world.tick()
+    name = next(iter(world.clusters))
+    world.clusters[name] = world.clusters[name].with_changes(head_pid=None)
+    assert act.StartCluster(name) in world.tick().actions
+    world.clusters[name] = world.clusters[name].with_changes(role=ClusterRole.DELETING)
+    assert act.DeleteCluster(name, "DeletionResumed") in world.tick().actions
+
+
+def test_delete_stops_every_cluster_removes_the_route_then_forgets_the_service() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    world.apply(make_spec(cpus=2))
+    world.run_for(3)
+    world.delete()
+    decision = world.tick()
+    assert sum(isinstance(a, act.DeleteCluster) for a in decision.actions) == 2
+    assert act.RemoveRoute() in decision.actions
+    assert act.ForgetService() in world.tick().actions
+
+
+@pytest.mark.parametrize(
+    ("gate", "switch_after_config_s"),
+    [
+        pytest.param(SwitchGate.READY, 3.0, id="ready-waits-for-RUNNING"),
+        pytest.param(SwitchGate.HEALTHY, 0.0, id="healthy-switches-while-DEPLOYING"),
+    ],
+)
+def test_gate_decides_when_traffic_moves(gate: SwitchGate, switch_after_config_s: float) -> None:
+    world = SimWorld(make_spec(), gate=gate)
+    world.tick()
+    world.advance(6)
+    world.tick()  # submits
+    config_at = world.now
+    while world.route is None:
+        world.advance(0.5)
+        world.tick()
+    assert world.now - config_at == pytest.approx(max(switch_after_config_s, 0.5), abs=0.51)
+
+
+def test_ingress_unreachable_never_counts_as_idle() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    old = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(make_spec(cpus=2))
+    step_until_draining(world, old.name)
+    observation = world.observe()
+    blind = Observation(clusters=observation.clusters, route=observation.route, ingress_ok=False)
+    decision = plan(world.spec, world.service, list(world.clusters.values()), blind, world.now + 5)
+    assert not any(isinstance(a, act.DeleteCluster) for a in decision.actions)
