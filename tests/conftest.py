@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Servekeeper
+from servekeeper.testing import Servekeeper
 
 
 @pytest.fixture

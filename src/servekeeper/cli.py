@@ -79,7 +79,9 @@ def _not_running(state_dir: Path) -> None:
 @app.command()
 def up(
     state_dir: StateDir = None,
-    detach: Annotated[bool, typer.Option("--detach", help="Run in the background; return once the API answers.")] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Run in the background; return once the API answers.")
+    ] = False,
     api_host: Annotated[str, typer.Option(help="Address the API binds to.")] = "127.0.0.1",
     api_port: Annotated[int, typer.Option(help="API port (0: pick a free one).")] = 0,
     allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a non-loopback API address.")] = False,
@@ -186,21 +188,30 @@ def describe(name: str, state_dir: StateDir = None) -> None:
     """Conditions, clusters, applications and recent events of a service."""
     client = ApiClient(_state(state_dir))
     view = client.call("GET", f"/api/v1/services/{name}")
-    console.print(f"[bold]Service[/bold] {view['name']}  generation {view['observedGeneration']}/{view['generation']}"
-                  f"  ingress {view['ingress']['url']}")
+    console.print(
+        f"[bold]Service[/bold] {view['name']}  generation {view['observedGeneration']}/{view['generation']}"
+        f"  ingress {view['ingress']['url']}"
+    )
     conditions = Table("CONDITION", "STATUS", "REASON", "MESSAGE", "SINCE", box=None)
     for condition in view["conditions"]:
-        conditions.add_row(condition["type"], condition["status"], condition["reason"], condition["message"],
-                           _when(condition["lastTransitionTime"]))
+        conditions.add_row(
+            condition["type"],
+            condition["status"],
+            condition["reason"],
+            condition["message"],
+            _when(condition["lastTransitionTime"]),
+        )
     console.print(conditions)
     clusters = [("active", view["activeCluster"]), ("pending", view["pendingCluster"])]
     clusters += [(c["role"], c) for c in view["otherClusters"]]
     for role, cluster in clusters:
         if cluster is None:
             continue
-        console.print(f"\n[bold]{role} cluster[/bold] {cluster['name']} (generation {cluster['generation']}, "
-                      f"{cluster['trafficPercent']}% traffic)  gcs {cluster['address']}  "
-                      f"dashboard {cluster['dashboardUrl']}  serve {cluster['serveUrl']}")
+        console.print(
+            f"\n[bold]{role} cluster[/bold] {cluster['name']} (generation {cluster['generation']}, "
+            f"{cluster['trafficPercent']}% traffic)  gcs {cluster['address']}  "
+            f"dashboard {cluster['dashboardUrl']}  serve {cluster['serveUrl']}"
+        )
         apps = Table("APPLICATION", "STATUS", "SOURCE", "MESSAGE", box=None)
         for app_name, app_state in cluster["applications"].items():
             apps.add_row(app_name, app_state["status"], app_state["source"], app_state["message"][:200])
@@ -241,19 +252,26 @@ def wait(
         view = client.call("GET", f"/api/v1/services/{name}")
         current = view["observedGeneration"] == view["generation"]
         if current and (_is_true(view, "RolloutFailed") or _is_true(view, "ClusterSpecOutdated")):
-            failed = _condition(view, "RolloutFailed") if _is_true(view, "RolloutFailed") else _condition(
-                view, "ClusterSpecOutdated")
+            failed = (
+                _condition(view, "RolloutFailed")
+                if _is_true(view, "RolloutFailed")
+                else _condition(view, "ClusterSpecOutdated")
+            )
             assert failed is not None
-            errors.print(f"service/{name} generation {view['generation']} not rolled out: "
-                         f"{failed['reason']}: {failed['message']}")
+            errors.print(
+                f"service/{name} generation {view['generation']} not rolled out: "
+                f"{failed['reason']}: {failed['message']}"
+            )
             raise typer.Exit(1)
         if current and _is_true(view, "Ready") and not _is_true(view, "UpgradeInProgress"):
             console.print(f"service/{name} generation {view['generation']} is Ready at {view['ingress']['url']}")
             return
         if time.monotonic() >= deadline:
             ready = _condition(view, "Ready") or {}
-            errors.print(f"timed out waiting for service/{name}: Ready={ready.get('status')} "
-                         f"({ready.get('reason')}: {ready.get('message')})")
+            errors.print(
+                f"timed out waiting for service/{name}: Ready={ready.get('status')} "
+                f"({ready.get('reason')}: {ready.get('message')})"
+            )
             raise typer.Exit(2)
         time.sleep(0.5)
 

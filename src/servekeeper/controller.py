@@ -184,7 +184,9 @@ class Controller:
 
     # -- execute -------------------------------------------------------------------------
 
-    async def _execute(self, action: act.Action, service: ServiceRecord, spec: ServiceSpec, events: list[Event]) -> None:
+    async def _execute(
+        self, action: act.Action, service: ServiceRecord, spec: ServiceSpec, events: list[Event]
+    ) -> None:
         if isinstance(action, act.CreateCluster):
             self._create_cluster(service, spec, action.role)
         elif isinstance(action, act.StartCluster):
@@ -267,7 +269,9 @@ class Controller:
             if cluster.role == ClusterRole.ACTIVE:
                 current = self.store.get_service(service.name)
                 if current is not None and current.generation == service.generation:
-                    self.store.put_service(current.with_changes(failed_generation=service.generation, failure_reason=reason))
+                    self.store.put_service(
+                        current.with_changes(failed_generation=service.generation, failure_reason=reason)
+                    )
             events.append(Event(service.name, self.clock(), "Warning", "ConfigRejected", str(exc)))
             raise _StopTick from exc
         now = self.clock()
@@ -310,8 +314,15 @@ class Controller:
         leftovers = await self.provider.stop(cluster)
         if leftovers:
             self.store.add_events(
-                [Event(cluster.service, self.clock(), "Warning", "ClusterStopIncomplete",
-                       f"{cluster.name}: pids {leftovers} still alive; will retry")]
+                [
+                    Event(
+                        cluster.service,
+                        self.clock(),
+                        "Warning",
+                        "ClusterStopIncomplete",
+                        f"{cluster.name}: pids {leftovers} still alive; will retry",
+                    )
+                ]
             )
             return
         self.store.remove_cluster(cluster.name)

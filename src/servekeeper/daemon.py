@@ -75,7 +75,7 @@ def read_api_info(state_dir: Path) -> dict[str, Any] | None:
 
 
 def _take_lock(state_dir: Path) -> IO[str]:
-    handle = open(state_dir / "controller.lock", "a+")  # noqa: SIM115 - held for the daemon's life
+    handle = open(state_dir / "controller.lock", "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as exc:
@@ -85,7 +85,9 @@ def _take_lock(state_dir: Path) -> IO[str]:
     return handle
 
 
-async def _adopt_or_start_ingress(store: Store, session: aiohttp.ClientSession, state_dir: Path, token: str) -> IngressClient:
+async def _adopt_or_start_ingress(
+    store: Store, session: aiohttp.ClientSession, state_dir: Path, token: str
+) -> IngressClient:
     known = store.get_fact("ingress")
     if known and ingress_alive(known["pid"]):
         client = IngressClient(session, known["control_port"], token)
@@ -101,7 +103,9 @@ async def _adopt_or_start_ingress(store: Store, session: aiohttp.ClientSession, 
     return client
 
 
-async def run_daemon(state_dir: Path, api_host: str = "127.0.0.1", api_port: int = 0, allow_remote: bool = False) -> None:
+async def run_daemon(
+    state_dir: Path, api_host: str = "127.0.0.1", api_port: int = 0, allow_remote: bool = False
+) -> None:
     if api_host not in LOOPBACK_HOSTS and not allow_remote:
         raise DaemonError(f"refusing to bind the API to {api_host}: pass --allow-remote to expose it")
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -171,7 +175,7 @@ def start_detached(state_dir: Path, extra_args: list[str], timeout: float = 60.0
     """Start `servekeeper up` in a session of its own; return once its API answers."""
     state_dir.mkdir(parents=True, exist_ok=True)
     with open(state_dir / "controller.log", "ab") as log:
-        process = subprocess.Popen(  # noqa: S603
+        process = subprocess.Popen(
             [sys.executable, "-m", "servekeeper.cli", "up", "--state-dir", str(state_dir), *extra_args],
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -24,11 +24,29 @@ MAX_SPEC_BYTES = 1_000_000
 # clusters side by side never collide, and records them so that it can re-adopt them.
 OWNED_START_PARAMS = frozenset(
     {
-        "head", "block", "address", "port", "node-ip-address", "dashboard-host", "dashboard-port",
-        "ray-client-server-port", "min-worker-port", "max-worker-port", "worker-port-list",
-        "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "node-manager-port",
-        "object-manager-port", "metrics-export-port", "runtime-env-agent-port", "temp-dir",
-        "num-cpus", "disable-usage-stats", "include-dashboard", "gcs-server-port", "redis-password",
+        "head",
+        "block",
+        "address",
+        "port",
+        "node-ip-address",
+        "dashboard-host",
+        "dashboard-port",
+        "ray-client-server-port",
+        "min-worker-port",
+        "max-worker-port",
+        "worker-port-list",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "node-manager-port",
+        "object-manager-port",
+        "metrics-export-port",
+        "runtime-env-agent-port",
+        "temp-dir",
+        "num-cpus",
+        "disable-usage-stats",
+        "include-dashboard",
+        "gcs-server-port",
+        "redis-password",
     }
 )
 

@@ -123,8 +123,12 @@ class NodePorts:
 
     def all_ports(self) -> list[int]:
         singles = [
-            self.node_manager, self.object_manager, self.metrics_export,
-            self.agent_listen, self.agent_grpc, self.runtime_env_agent,
+            self.node_manager,
+            self.object_manager,
+            self.metrics_export,
+            self.agent_listen,
+            self.agent_grpc,
+            self.runtime_env_agent,
         ]
         return singles + list(range(self.min_worker, self.max_worker + 1))
 

@@ -156,9 +156,7 @@ class Store:
             elif current.spec_json == spec_json and not current.deleting:
                 return current, False
             else:
-                service = current.with_changes(
-                    spec_json=spec_json, generation=current.generation + 1, deleting=False
-                )
+                service = current.with_changes(spec_json=spec_json, generation=current.generation + 1, deleting=False)
             tx.put_service(service)
         return service, True
 
@@ -273,8 +271,16 @@ class _Tx:
             "unhealthy_since, failed_generation, failure_reason, conditions_json, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                s.name, s.spec_json, s.generation, s.observed_generation, int(s.deleting),
-                s.unhealthy_since, s.failed_generation, s.failure_reason, s.conditions_json(), s.created_at,
+                s.name,
+                s.spec_json,
+                s.generation,
+                s.observed_generation,
+                int(s.deleting),
+                s.unhealthy_since,
+                s.failed_generation,
+                s.failure_reason,
+                s.conditions_json(),
+                s.created_at,
             ),
         )
 
@@ -285,10 +291,24 @@ class _Tx:
             "submitted_config_hash, applied_config_hash, config_submitted_at, ready_at, drain_started_at, "
             "failure_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                c.name, c.service, c.generation, c.cluster_spec_hash, c.cluster_spec_json, c.role.value,
-                json.dumps(c.ports.to_json()), c.temp_dir, c.log_dir, c.created_at, c.head_pid,
-                json.dumps(list(c.worker_pids)), c.submitted_config_hash, c.applied_config_hash,
-                c.config_submitted_at, c.ready_at, c.drain_started_at, c.failure_reason,
+                c.name,
+                c.service,
+                c.generation,
+                c.cluster_spec_hash,
+                c.cluster_spec_json,
+                c.role.value,
+                json.dumps(c.ports.to_json()),
+                c.temp_dir,
+                c.log_dir,
+                c.created_at,
+                c.head_pid,
+                json.dumps(list(c.worker_pids)),
+                c.submitted_config_hash,
+                c.applied_config_hash,
+                c.config_submitted_at,
+                c.ready_at,
+                c.drain_started_at,
+                c.failure_reason,
             ),
         )
 

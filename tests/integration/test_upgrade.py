@@ -5,7 +5,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from tests.harness import Load, Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing import Load, Servekeeper, free_port, hello_spec, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -93,8 +93,11 @@ def test_controller_killed_mid_upgrade_drops_nothing_and_resumes_without_a_secon
         wait_until(lambda: load.result.ok > 50, 30, "load to start")
         sk.apply(hello_spec("crashy", port, msg="v2", head_cpus=2, ready_delay_s=READY_DELAY_S))
         # Kill once the config is on the pending cluster and its replicas are still loading.
-        wait_until(lambda: any(c["applied_config_hash"] and c["name"] != old["name"] for c in sk.clusters()),
-                   90, "the config to be submitted to the pending cluster")
+        wait_until(
+            lambda: any(c["applied_config_hash"] and c["name"] != old["name"] for c in sk.clusters()),
+            90,
+            "the config to be submitted to the pending cluster",
+        )
         sk.kill_controller()
         pending = [c for c in sk.clusters() if c["name"] != old["name"]][0]
         assert pending["role"] == "pending"

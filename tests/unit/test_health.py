@@ -35,8 +35,9 @@ def serve_status(**apps: tuple[str, str]) -> dict[str, Any]:
     }
 
 
-def observed(status: dict[str, Any] | None, proxy: bool = True, routes: set[str] | None = None,
-             alive: bool = True) -> ClusterObservation:
+def observed(
+    status: dict[str, Any] | None, proxy: bool = True, routes: set[str] | None = None, alive: bool = True
+) -> ClusterObservation:
     return ClusterObservation(
         name="c",
         processes_alive=alive,
@@ -47,30 +48,76 @@ def observed(status: dict[str, Any] | None, proxy: bool = True, routes: set[str]
     )
 
 
-D, I = "declarative", "imperative"
+D, IMP = "declarative", "imperative"
 
 CASES = [
-    pytest.param(observed(serve_status(router=("RUNNING", D), models=("RUNNING", D))), True, True, "Ready",
-                 id="all-running"),
-    pytest.param(observed(serve_status(router=("RUNNING", D), models=("DEPLOYING", D))), True, False,
-                 "AppNotRunning", id="deploying-is-healthy-not-ready"),
-    pytest.param(observed(serve_status(router=("NOT_STARTED", D), models=("RUNNING", D))), True, False,
-                 "AppNotRunning", id="not-started-is-healthy-not-ready"),
+    pytest.param(
+        observed(serve_status(router=("RUNNING", D), models=("RUNNING", D))), True, True, "Ready", id="all-running"
+    ),
+    pytest.param(
+        observed(serve_status(router=("RUNNING", D), models=("DEPLOYING", D))),
+        True,
+        False,
+        "AppNotRunning",
+        id="deploying-is-healthy-not-ready",
+    ),
+    pytest.param(
+        observed(serve_status(router=("NOT_STARTED", D), models=("RUNNING", D))),
+        True,
+        False,
+        "AppNotRunning",
+        id="not-started-is-healthy-not-ready",
+    ),
     pytest.param(observed(serve_status(router=("RUNNING", D))), True, False, "AppMissing", id="declared-app-missing"),
-    pytest.param(observed(serve_status(router=("RUNNING", D), models=("DEPLOY_FAILED", D))), False, False,
-                 "AppFailed", id="deploy-failed"),
-    pytest.param(observed(serve_status(router=("UNHEALTHY", D), models=("RUNNING", D))), False, False,
-                 "AppFailed", id="unhealthy"),
-    pytest.param(observed(serve_status(router=("RUNNING", D), models=("RUNNING", D), m1=("DEPLOY_FAILED", I))),
-                 True, True, "Ready", id="failed-imperative-app-ignored"),
-    pytest.param(observed(serve_status(router=("RUNNING", D), models=("RUNNING", D), m1=("DEPLOYING", I))),
-                 True, True, "Ready", id="deploying-imperative-app-ignored"),
-    pytest.param(observed(serve_status(router=("RUNNING", D), models=("RUNNING", I))), True, False, "AppMissing",
-                 id="imperative-app-with-a-declared-name-does-not-count"),
-    pytest.param(observed(serve_status(router=("RUNNING", D), models=("RUNNING", D)), proxy=False), True, False,
-                 "ProxyNotHealthy", id="proxy-not-healthy"),
-    pytest.param(observed(serve_status(router=("RUNNING", D), models=("RUNNING", D)), routes={"/router"}), True,
-                 False, "RoutesMissing", id="route-missing"),
+    pytest.param(
+        observed(serve_status(router=("RUNNING", D), models=("DEPLOY_FAILED", D))),
+        False,
+        False,
+        "AppFailed",
+        id="deploy-failed",
+    ),
+    pytest.param(
+        observed(serve_status(router=("UNHEALTHY", D), models=("RUNNING", D))),
+        False,
+        False,
+        "AppFailed",
+        id="unhealthy",
+    ),
+    pytest.param(
+        observed(serve_status(router=("RUNNING", D), models=("RUNNING", D), m1=("DEPLOY_FAILED", IMP))),
+        True,
+        True,
+        "Ready",
+        id="failed-imperative-app-ignored",
+    ),
+    pytest.param(
+        observed(serve_status(router=("RUNNING", D), models=("RUNNING", D), m1=("DEPLOYING", IMP))),
+        True,
+        True,
+        "Ready",
+        id="deploying-imperative-app-ignored",
+    ),
+    pytest.param(
+        observed(serve_status(router=("RUNNING", D), models=("RUNNING", IMP))),
+        True,
+        False,
+        "AppMissing",
+        id="imperative-app-with-a-declared-name-does-not-count",
+    ),
+    pytest.param(
+        observed(serve_status(router=("RUNNING", D), models=("RUNNING", D)), proxy=False),
+        True,
+        False,
+        "ProxyNotHealthy",
+        id="proxy-not-healthy",
+    ),
+    pytest.param(
+        observed(serve_status(router=("RUNNING", D), models=("RUNNING", D)), routes={"/router"}),
+        True,
+        False,
+        "RoutesMissing",
+        id="route-missing",
+    ),
     pytest.param(observed(None), False, False, "DashboardUnreachable", id="dashboard-down"),
     pytest.param(observed(None, alive=False), False, False, "HeadDead", id="head-dead"),
 ]
@@ -85,7 +132,7 @@ def test_health_and_readiness(observation: ClusterObservation, healthy: bool, re
 
 
 def test_imperative_apps_count_when_asked() -> None:
-    status = serve_status(router=("RUNNING", D), models=("RUNNING", D), m1=("DEPLOY_FAILED", I))
+    status = serve_status(router=("RUNNING", D), models=("RUNNING", D), m1=("DEPLOY_FAILED", IMP))
     verdict = health(observed(status), DECLARED, include_imperative=True)
     assert not verdict.ok and "'m1'" in verdict.message
 

@@ -22,8 +22,14 @@ async def start_upstream(name: str, gate: asyncio.Event | None = None) -> tuple[
             return web.Response(body=b"x" * (1024 * 1024))
         body = await request.read()
         return web.json_response(
-            {"upstream": name, "path": request.path_qs, "method": request.method, "body": body.decode(),
-             "xff": request.headers.get("X-Forwarded-For"), "custom": request.headers.get("X-Custom")}
+            {
+                "upstream": name,
+                "path": request.path_qs,
+                "method": request.method,
+                "body": body.decode(),
+                "xff": request.headers.get("X-Forwarded-For"),
+                "custom": request.headers.get("X-Custom"),
+            }
         )
 
     app = web.Application()
@@ -54,11 +60,18 @@ async def test_forwards_to_the_active_upstream_and_switches_atomically(ingress: 
     port = PortAllocator().one()
     await ingress.set_route("svc", port, "a", {"a": a_url})
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"http://127.0.0.1:{port}/x/y?q=1", data=b"payload",
-                                headers={"X-Custom": "kept"}) as response:
+        async with session.post(
+            f"http://127.0.0.1:{port}/x/y?q=1", data=b"payload", headers={"X-Custom": "kept"}
+        ) as response:
             data = await response.json()
-    assert data == {"upstream": "a", "path": "/x/y?q=1", "method": "POST", "body": "payload",
-                    "xff": "127.0.0.1", "custom": "kept"}
+    assert data == {
+        "upstream": "a",
+        "path": "/x/y?q=1",
+        "method": "POST",
+        "body": "payload",
+        "xff": "127.0.0.1",
+        "custom": "kept",
+    }
     await ingress.set_route("svc", port, "b", {"b": b_url, "a": a_url})
     status, text = await get(port)
     assert status == 200 and '"upstream": "b"' in text
@@ -128,8 +141,9 @@ async def test_oversized_request_is_rejected_and_others_still_served(ingress: In
     port = PortAllocator().one()
     await ingress.set_route("svc", port, "a", {"a": a_url})
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"http://127.0.0.1:{port}/", data=b"x" * 10,
-                                headers={"Content-Length": str(10**10)}) as response:
+        async with session.post(
+            f"http://127.0.0.1:{port}/", data=b"x" * 10, headers={"Content-Length": str(10**10)}
+        ) as response:
             assert response.status == 413
     assert (await get(port))[0] == 200
     await a.cleanup()
@@ -143,11 +157,15 @@ async def test_control_api_requires_the_token(ingress: Ingress) -> None:
     async with aiohttp.ClientSession() as session:
         async with session.get(f"http://127.0.0.1:{port}/routes") as response:
             assert response.status == 401
-        async with session.put(f"http://127.0.0.1:{port}/routes/x", json={"port": 1, "upstreams": {}},
-                               headers={"Authorization": "Bearer wrong"}) as response:
+        async with session.put(
+            f"http://127.0.0.1:{port}/routes/x",
+            json={"port": 1, "upstreams": {}},
+            headers={"Authorization": "Bearer wrong"},
+        ) as response:
             assert response.status == 401
-        async with session.get(f"http://127.0.0.1:{port}/routes",
-                               headers={"Authorization": "Bearer secret"}) as response:
+        async with session.get(
+            f"http://127.0.0.1:{port}/routes", headers={"Authorization": "Bearer secret"}
+        ) as response:
             assert response.status == 200 and (await response.json())["services"] == {}
     assert ingress.routes == {}
     await runner.cleanup()

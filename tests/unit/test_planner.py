@@ -17,15 +17,17 @@ def make_spec(msg: str = "v1", cpus: float = 1, **overrides: Any) -> ServiceSpec
     body: dict[str, Any] = {
         "ingress": {"port": 8000},
         "rayClusterConfig": {"head": {"numCpus": cpus}},
-        "serveConfig": {"applications": [{"name": "hello", "route_prefix": "/", "import_path": "hello:app",
-                                          "args": {"msg": msg}}]},
+        "serveConfig": {
+            "applications": [{"name": "hello", "route_prefix": "/", "import_path": "hello:app", "args": {"msg": msg}}]
+        },
         "rayClusterDeletionDelaySeconds": 60,
         "readinessTimeoutSeconds": 120,
         "serviceUnhealthySecondThreshold": 30,
     }
     body.update(overrides)
-    return parse_spec({"apiVersion": "servekeeper/v1alpha1", "kind": "RayService", "metadata": {"name": "svc"},
-                       "spec": body})
+    return parse_spec(
+        {"apiVersion": "servekeeper/v1alpha1", "kind": "RayService", "metadata": {"name": "svc"}, "spec": body}
+    )
 
 
 def rolled_out(world: SimWorld, seconds: float = 15) -> SimWorld:
@@ -173,7 +175,9 @@ def test_spec_change_while_pending_replaces_the_pending_cluster() -> None:
 
 
 def test_pending_cluster_that_fails_to_deploy_fails_the_rollout_and_keeps_traffic() -> None:
-    world = SimWorld(make_spec(), behaviours=[SimCluster(), SimCluster(app_status_after_deploy=AppStatus.DEPLOY_FAILED)])
+    world = SimWorld(
+        make_spec(), behaviours=[SimCluster(), SimCluster(app_status_after_deploy=AppStatus.DEPLOY_FAILED)]
+    )
     rolled_out(world)
     old = world.with_role(ClusterRole.ACTIVE)[0]
     world.apply(make_spec(cpus=2))

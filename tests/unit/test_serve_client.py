@@ -57,17 +57,42 @@ async def test_applications_are_parsed() -> None:
 
 
 def test_serve_config_gets_owned_ports_head_only_proxy_and_local_working_dir() -> None:
-    spec = parse_spec({
-        "apiVersion": "servekeeper/v1alpha1", "kind": "RayService", "metadata": {"name": "s"},
-        "spec": {"ingress": {"port": 8000}, "rayClusterConfig": {"workingDir": "/srv/app"},
-                 "serveConfig": {"http_options": {"request_timeout_s": 5}, "applications": [
-                     {"name": "a", "import_path": "m:app"},
-                     {"name": "b", "route_prefix": "/b", "import_path": "m:b",
-                      "runtime_env": {"working_dir": "s3://bucket/b.zip", "pip": ["x"]}}]}},
-    })
+    spec = parse_spec(
+        {
+            "apiVersion": "servekeeper/v1alpha1",
+            "kind": "RayService",
+            "metadata": {"name": "s"},
+            "spec": {
+                "ingress": {"port": 8000},
+                "rayClusterConfig": {"workingDir": "/srv/app"},
+                "serveConfig": {
+                    "http_options": {"request_timeout_s": 5},
+                    "applications": [
+                        {"name": "a", "import_path": "m:app"},
+                        {
+                            "name": "b",
+                            "route_prefix": "/b",
+                            "import_path": "m:b",
+                            "runtime_env": {"working_dir": "s3://bucket/b.zip", "pip": ["x"]},
+                        },
+                    ],
+                },
+            },
+        }
+    )
     ports = ClusterPorts(1, 2, 3, 4321, 4322, (NodePorts(6, 7, 8, 9, 10, 11, 12, 13),))
-    cluster = ClusterRecord(name="c", service="s", generation=1, cluster_spec_hash="h", cluster_spec_json="{}",
-                            role=ClusterRole.PENDING, ports=ports, temp_dir="/t", log_dir="/l", created_at=0)
+    cluster = ClusterRecord(
+        name="c",
+        service="s",
+        generation=1,
+        cluster_spec_hash="h",
+        cluster_spec_json="{}",
+        role=ClusterRole.PENDING,
+        ports=ports,
+        temp_dir="/t",
+        log_dir="/l",
+        created_at=0,
+    )
     document = build_serve_config(spec, cluster)
     assert document["http_options"] == {"request_timeout_s": 5, "host": "127.0.0.1", "port": 4321}
     assert document["grpc_options"]["port"] == 4322

@@ -19,8 +19,10 @@ VALID: dict[str, Any] = {
     "metadata": {"name": "hello"},
     "spec": {
         "ingress": {"port": 8000},
-        "rayClusterConfig": {"head": {"numCpus": 1, "env": {"A": "1"}, "rayStartParams": {"object-store-memory": 1}},
-                             "workerGroups": [{"name": "cpu", "replicas": 1, "numCpus": 1}]},
+        "rayClusterConfig": {
+            "head": {"numCpus": 1, "env": {"A": "1"}, "rayStartParams": {"object-store-memory": 1}},
+            "workerGroups": [{"name": "cpu", "replicas": 1, "numCpus": 1}],
+        },
         "serveConfig": {"applications": [{"name": "hello", "route_prefix": "/", "import_path": "hello:app"}]},
     },
 }
@@ -56,10 +58,15 @@ def test_valid_spec_parses_with_defaults() -> None:
         pytest.param("spec.ingress.port", 70000, "spec.ingress.port", id="port-out-of-range"),
         pytest.param("spec.ingress.port", "http", "spec.ingress.port", id="port-wrong-type"),
         pytest.param("spec.serveConfig.http_options", {"port": 9000}, "http_options", id="owned-serve-port"),
-        pytest.param("spec.rayClusterConfig.head.rayStartParams", {"port": 1}, "set by servekeeper",
-                     id="owned-start-param"),
-        pytest.param("spec.rayClusterConfig.head.rayStartParams", {"x; rm -rf /": 1}, "rayStartParams key",
-                     id="shell-looking-param"),
+        pytest.param(
+            "spec.rayClusterConfig.head.rayStartParams", {"port": 1}, "set by servekeeper", id="owned-start-param"
+        ),
+        pytest.param(
+            "spec.rayClusterConfig.head.rayStartParams",
+            {"x; rm -rf /": 1},
+            "rayStartParams key",
+            id="shell-looking-param",
+        ),
         pytest.param("spec.rayClusterConfig.head.env", {"BAD-KEY": "1"}, "env key", id="bad-env-key"),
         pytest.param("spec.upgradeStrategy", {"type": "Rolling"}, "spec.upgradeStrategy.type", id="bad-strategy"),
         pytest.param("spec.surprise", 1, "spec.surprise", id="unknown-field"),
@@ -67,8 +74,12 @@ def test_valid_spec_parses_with_defaults() -> None:
         pytest.param("spec.serveConfig.applications", [], "applications", id="no-apps"),
         pytest.param("spec.serveConfig.applications.0.import_path", "not a path", "import_path", id="bad-import"),
         pytest.param("spec.serveConfig.applications.0.route_prefix", "api", "route_prefix", id="bad-prefix"),
-        pytest.param("spec.rayClusterConfig.workerGroups",
-                     [{"name": "a", "replicas": 1}, {"name": "a", "replicas": 1}], "unique", id="dup-groups"),
+        pytest.param(
+            "spec.rayClusterConfig.workerGroups",
+            [{"name": "a", "replicas": 1}, {"name": "a", "replicas": 1}],
+            "unique",
+            id="dup-groups",
+        ),
     ],
 )
 def test_invalid_specs_name_the_field(path: str, value: Any, expected: str) -> None:
@@ -129,12 +140,23 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
     max_leaves=20,
 )
-paths = st.sampled_from([
-    "metadata.name", "spec.ingress.port", "spec.ingress", "spec.rayClusterConfig.head.numCpus",
-    "spec.rayClusterConfig.head.env", "spec.rayClusterConfig.head.rayStartParams", "spec.rayClusterConfig",
-    "spec.serveConfig", "spec.serveConfig.applications", "spec.upgradeStrategy", "spec.readinessTimeoutSeconds",
-    "spec.rayClusterConfig.workerGroups", "spec",
-])
+paths = st.sampled_from(
+    [
+        "metadata.name",
+        "spec.ingress.port",
+        "spec.ingress",
+        "spec.rayClusterConfig.head.numCpus",
+        "spec.rayClusterConfig.head.env",
+        "spec.rayClusterConfig.head.rayStartParams",
+        "spec.rayClusterConfig",
+        "spec.serveConfig",
+        "spec.serveConfig.applications",
+        "spec.upgradeStrategy",
+        "spec.readinessTimeoutSeconds",
+        "spec.rayClusterConfig.workerGroups",
+        "spec",
+    ]
+)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)

@@ -22,10 +22,16 @@ from servekeeper.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
 
 def cluster(name: str = "svc-g1-abc") -> ClusterRecord:
     return ClusterRecord(
-        name=name, service="svc", generation=1, cluster_spec_hash="h", cluster_spec_json="{}",
+        name=name,
+        service="svc",
+        generation=1,
+        cluster_spec_hash="h",
+        cluster_spec_json="{}",
         role=ClusterRole.PENDING,
         ports=ClusterPorts(1, 2, 3, 4, 5, (NodePorts(6, 7, 8, 9, 10, 11, 12, 13),)),
-        temp_dir="/tmp/sk-x", log_dir="/state/clusters/x", created_at=1.0,
+        temp_dir="/tmp/sk-x",
+        log_dir="/state/clusters/x",
+        created_at=1.0,
     )
 
 
@@ -52,7 +58,7 @@ def test_round_trips_services_clusters_events(tmp_path: Path) -> None:
     store.close()
     reopened = Store(tmp_path / "store.db")
     assert reopened.get_cluster(record.name) is not None
-    assert reopened.get_service("svc") == ServiceRecord(**{**loaded.__dict__})
+    assert reopened.get_service("svc") == ServiceRecord(**loaded.__dict__)
 
 
 def test_a_store_from_an_older_schema_is_migrated(tmp_path: Path) -> None:

@@ -58,4 +58,6 @@ class ForgetService:
     pass
 
 
-Action = CreateCluster | StartCluster | SubmitConfig | UpdateCluster | SetRoute | RemoveRoute | DeleteCluster | ForgetService
+Action = (
+    CreateCluster | StartCluster | SubmitConfig | UpdateCluster | SetRoute | RemoveRoute | DeleteCluster | ForgetService
+)

@@ -51,11 +51,7 @@ def judged_apps(
     """
     if include_imperative:
         return dict(apps)
-    return {
-        name: app
-        for name, app in apps.items()
-        if name in declared and app.source != AppSource.IMPERATIVE
-    }
+    return {name: app for name, app in apps.items() if name in declared and app.source != AppSource.IMPERATIVE}
 
 
 def health(

@@ -79,9 +79,7 @@ class _Planner:
     # -- helpers -------------------------------------------------------------------------
 
     def _with_role(self, role: ClusterRole) -> list[ClusterRecord]:
-        return sorted(
-            (c for c in self.clusters.values() if c.role == role), key=lambda c: (c.created_at, c.name)
-        )
+        return sorted((c for c in self.clusters.values() if c.role == role), key=lambda c: (c.created_at, c.name))
 
     def _one(self, role: ClusterRole) -> ClusterRecord | None:
         found = self._with_role(role)
@@ -362,9 +360,7 @@ class _Planner:
                 ConditionType.CLUSTER_SPEC_OUTDATED,
                 outdated,
                 "UpgradeStrategyNone" if outdated else "UpToDate",
-                "the cluster spec changed but upgradeStrategy.type is None: not rolled out"
-                if outdated
-                else "",
+                "the cluster spec changed but upgradeStrategy.type is None: not rolled out" if outdated else "",
             )
         )
 

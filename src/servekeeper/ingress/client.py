@@ -80,9 +80,7 @@ class IngressClient:
 def _alive(pid: int) -> bool:
     try:
         process = psutil.Process(pid)
-        return process.status() != psutil.STATUS_ZOMBIE and "servekeeper.ingress.server" in " ".join(
-            process.cmdline()
-        )
+        return process.status() != psutil.STATUS_ZOMBIE and "servekeeper.ingress.server" in " ".join(process.cmdline())
     except psutil.Error:
         return False
 
@@ -90,11 +88,18 @@ def _alive(pid: int) -> bool:
 def spawn_ingress(state_dir: Path, reserved_ports: list[int]) -> tuple[int, int]:
     """Start the ingress in a session of its own, so that it outlives the controller."""
     control_port = PortAllocator(reserved_ports).one()
-    log = open(state_dir / "ingress.log", "ab")  # noqa: SIM115 - handed to the child
+    log = open(state_dir / "ingress.log", "ab")
     with log:
-        process = subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "servekeeper.ingress.server", "--state-dir", str(state_dir),
-             "--control-port", str(control_port)],
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "servekeeper.ingress.server",
+                "--state-dir",
+                str(state_dir),
+                "--control-port",
+                str(control_port),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -30,8 +30,16 @@ logger = logging.getLogger("servekeeper.ingress")
 HOP_BY_HOP = frozenset(
     h.lower()
     for h in (
-        "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailers",
-        "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "TE",
+        "Trailers",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+        "Content-Length",
     )
 )
 SMALL_BODY = 256 * 1024  # read responses this small whole: cheaper than chunked streaming
@@ -240,9 +248,7 @@ class Ingress:
         return web.json_response({"ok": True, "pid": os.getpid()})
 
     async def _control_routes(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"pid": os.getpid(), "services": {n: r.to_json() for n, r in self.routes.items()}}
-        )
+        return web.json_response({"pid": os.getpid(), "services": {n: r.to_json() for n, r in self.routes.items()}})
 
     async def _control_put(self, request: web.Request) -> web.Response:
         service = request.match_info["service"]

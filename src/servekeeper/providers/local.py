@@ -72,7 +72,10 @@ def _node_port_args(ports: NodePorts) -> list[str]:
 def head_command(cluster: ClusterRecord, head: HeadGroupSpec) -> list[str]:
     ports = cluster.ports
     return [
-        ray_executable(), "start", "--head", "--block",
+        ray_executable(),
+        "start",
+        "--head",
+        "--block",
         f"--port={ports.gcs}",
         f"--dashboard-port={ports.dashboard}",
         "--dashboard-host=127.0.0.1",
@@ -88,7 +91,9 @@ def head_command(cluster: ClusterRecord, head: HeadGroupSpec) -> list[str]:
 
 def worker_command(cluster: ClusterRecord, node_index: int, num_cpus: float, params: dict) -> list[str]:  # type: ignore[type-arg]
     return [
-        ray_executable(), "start", "--block",
+        ray_executable(),
+        "start",
+        "--block",
         f"--address=127.0.0.1:{cluster.ports.gcs}",
         "--node-ip-address=127.0.0.1",
         *_node_port_args(cluster.ports.node_ports[node_index]),
@@ -176,7 +181,7 @@ class LocalProvider:
     def _spawn(self, command: list[str], env: dict[str, str], log_path: Path) -> int:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(  # noqa: S603 - an argument list, never a shell
+            process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

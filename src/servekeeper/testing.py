@@ -1,4 +1,4 @@
-"""Drive a real servekeeper (CLI subprocesses, real Ray, real ingress) and load it from tests."""
+"""Drive a real servekeeper (CLI subprocesses, real Ray, real ingress) and load it: for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 import psutil
 import yaml
 
 from servekeeper.ports import PortAllocator
 from servekeeper.providers.local import tagged_processes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # src/servekeeper/testing.py -> the checkout
 HELLO_APP = REPO / "examples" / "hello" / "app"
 
 
@@ -96,6 +97,16 @@ class Servekeeper:
 
     def get(self, name: str) -> dict[str, Any]:
         return dict(json.loads(self.cli("get", name, "-o", "json").stdout))
+
+    def api_get(self, name: str) -> dict[str, Any]:
+        """The same view as `get -o json`, straight from the API (no CLI start-up time)."""
+        info = json.loads((self.state_dir / "api.json").read_text())
+        token = (self.state_dir / "token").read_text().strip()
+        response = httpx.get(
+            f"{info['url']}/api/v1/services/{name}", headers={"Authorization": f"Bearer {token}"}, timeout=10
+        )
+        response.raise_for_status()
+        return dict(response.json())
 
     def condition(self, name: str, condition_type: str) -> dict[str, Any]:
         for condition in self.get(name)["conditions"]:

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Lint, architecture contracts, then the whole test suite (unit first, then real-Ray tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PATH"
+ruff check src tests bench
+lint-imports
+pytest -q tests/unit "$@"
+pytest -q tests/integration "$@"
