@@ -22,6 +22,7 @@ from servekeeper.core.planner import plan
 from servekeeper.core.serve_config import build_serve_config
 from servekeeper.ingress.client import IngressClient, IngressError
 from servekeeper.ports import PortAllocator
+from servekeeper.probes import ProbeRunner
 from servekeeper.providers.base import ClusterProvider, ProviderError
 from servekeeper.serve_api import PermanentServeError, RetryableServeError, ServeClient
 from servekeeper.spec import RayClusterConfigSpec, ServiceSpec
@@ -60,6 +61,7 @@ class Controller:
         self.provider = provider
         self.ingress = ingress
         self.serve = ServeClient(session)
+        self.probes = ProbeRunner(session, clock)
         self.state_dir = state_dir
         self.clock = clock
         self.gate = gate
@@ -111,7 +113,7 @@ class Controller:
             return None
         spec = ServiceSpec.model_validate_json(service.spec_json)
         clusters = self.store.list_clusters(name)
-        observation = await self.observe(name, clusters)
+        observation = await self.observe(name, clusters, spec)
         self.observations[name] = observation
         decision = plan(spec, service, clusters, observation, self.clock(), self.gate)
         events = list(decision.events)
@@ -150,9 +152,9 @@ class Controller:
 
     # -- observe -------------------------------------------------------------------------
 
-    async def observe(self, name: str, clusters: list[ClusterRecord]) -> Observation:
+    async def observe(self, name: str, clusters: list[ClusterRecord], spec: ServiceSpec) -> Observation:
         live = [c for c in clusters if c.role != ClusterRole.DELETING]
-        observed = await asyncio.gather(*(self._observe_cluster(c) for c in live))
+        observed = await asyncio.gather(*(self._observe_cluster(c, spec) for c in live))
         route: IngressRouteObservation | None = None
         ingress_ok = True
         try:
@@ -162,7 +164,7 @@ class Controller:
             logger.warning("[%s] ingress not reachable: %s", name, exc)
         return Observation(clusters={o.name: o for o in observed}, route=route, ingress_ok=ingress_ok)
 
-    async def _observe_cluster(self, cluster: ClusterRecord) -> ClusterObservation:
+    async def _observe_cluster(self, cluster: ClusterRecord, spec: ServiceSpec) -> ClusterObservation:
         alive = self.provider.processes_alive(cluster)
         if not alive:
             return ClusterObservation(name=cluster.name, processes_alive=False)
@@ -170,10 +172,13 @@ class Controller:
             apps = await self.serve.applications(cluster.dashboard_url)
         except (RetryableServeError, PermanentServeError) as exc:
             return ClusterObservation(name=cluster.name, processes_alive=True, error=str(exc))
-        healthy, routes = await asyncio.gather(
-            self.serve.proxy_healthy(cluster.serve_url), self.serve.proxy_routes(cluster.serve_url)
+        healthy, routes, probes = await asyncio.gather(
+            self.serve.proxy_healthy(cluster.serve_url),
+            self.serve.proxy_routes(cluster.serve_url),
+            self.probes.run(cluster.name, cluster.serve_url, spec.spec.readiness.probes),
         )
         return ClusterObservation(
+            probes=probes,
             name=cluster.name,
             processes_alive=True,
             dashboard_ok=True,
@@ -326,6 +331,7 @@ class Controller:
             )
             return
         self.store.remove_cluster(cluster.name)
+        self.probes.forget(cluster.name)
         self.store.add_events(
             [Event(cluster.service, self.clock(), "Normal", "ClusterDeleted", f"{cluster.name} stopped and removed")]
         )

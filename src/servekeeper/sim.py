@@ -25,6 +25,7 @@ from servekeeper.status import (
     IngressRouteObservation,
     NodePorts,
     Observation,
+    ProbeState,
     ServiceRecord,
     SwitchGate,
 )
@@ -44,6 +45,7 @@ class SimCluster:
     config_at: float | None = None
     head_alive: bool = True
     extra_apps: dict[str, AppState] = field(default_factory=dict)
+    probe_pass_after_deploy_s: float = 0.0  # declared probes start passing this long after RUNNING
 
 
 @dataclass
@@ -98,6 +100,20 @@ class SimWorld:
                 apps[name] = AppState(name=name, status=status, source=AppSource.DECLARATIVE, route_prefix=prefix)
                 if status == AppStatus.RUNNING and prefix is not None:
                     routes.add(prefix)
+        probes_pass = (
+            behaviour.config_at is not None
+            and self.now - behaviour.config_at >= behaviour.deploy_s + behaviour.probe_pass_after_deploy_s
+        )
+        probes = tuple(
+            ProbeState(
+                path=probe.path,
+                passing=probes_pass,
+                consecutive_successes=probe.successThreshold if probes_pass else 0,
+                success_threshold=probe.successThreshold,
+                last_ok=probes_pass,
+            )
+            for probe in self.spec.spec.readiness.probes
+        )
         return ClusterObservation(
             name=cluster.name,
             processes_alive=True,
@@ -105,6 +121,7 @@ class SimWorld:
             apps=apps,
             proxy_healthy=True,
             routes=frozenset(routes),
+            probes=probes,
         )
 
     def observe(self) -> Observation:

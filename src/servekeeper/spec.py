@@ -187,11 +187,36 @@ class ServeConfigSpec(BaseModel):
         return self
 
 
+class ProbeSpec(_Strict):
+    """An HTTP check against a cluster's own Serve endpoint (not through the ingress)."""
+
+    path: str
+    expectStatus: int = Field(default=200, ge=100, le=599)
+    bodyContains: str | None = None
+    periodSeconds: float = Field(default=1, gt=0, le=3600)
+    timeoutSeconds: float = Field(default=2, gt=0, le=600)
+    successThreshold: int = Field(default=1, ge=1, le=1000)
+
+    @field_validator("path")
+    @classmethod
+    def _path_shape(cls, value: str) -> str:
+        if not value.startswith("/") or any(ch in value for ch in " \r\n\t#"):
+            raise ValueError(f"probe path {value!r} must start with '/' and hold no whitespace or '#'")
+        return value
+
+
+class ReadinessSpec(_Strict):
+    applications: Literal["declarative", "all"] = "declarative"
+    probes: list[ProbeSpec] = Field(default_factory=list, max_length=20)
+
+
 class ServiceSpecBody(_Strict):
     ingress: IngressSpec
     rayClusterConfig: RayClusterConfigSpec = Field(default_factory=RayClusterConfigSpec)
     serveConfig: ServeConfigSpec
     upgradeStrategy: UpgradeStrategySpec = Field(default_factory=UpgradeStrategySpec)
+    serveConfigUpdate: Literal["InPlace", "NewCluster"] = "InPlace"
+    readiness: ReadinessSpec = Field(default_factory=ReadinessSpec)
     rayClusterDeletionDelaySeconds: float = Field(default=60, ge=0, le=86400)
     readinessTimeoutSeconds: float = Field(default=600, gt=0, le=86400)
     serviceUnhealthySecondThreshold: float = Field(default=300, ge=0, le=86400)
@@ -230,6 +255,10 @@ class ServiceSpec(_Strict):
                 "workingDir": self.spec.rayClusterConfig.workingDir,
             }
         )
+
+    @property
+    def judges_imperative_apps(self) -> bool:
+        return self.spec.readiness.applications == "all"
 
     def declared_apps(self) -> dict[str, str | None]:
         """Declared application name -> route prefix."""

@@ -242,6 +242,30 @@ class AppState:
 
 
 @dataclass(frozen=True)
+class ProbeState:
+    """The latest results of one readiness probe against one cluster."""
+
+    path: str
+    passing: bool  # at least successThreshold consecutive passes
+    consecutive_successes: int
+    success_threshold: int
+    last_ok: bool | None = None  # None: not run yet
+    last_message: str = ""
+    last_time: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "passing": self.passing,
+            "consecutiveSuccesses": self.consecutive_successes,
+            "successThreshold": self.success_threshold,
+            "lastOk": self.last_ok,
+            "lastMessage": self.last_message,
+            "lastTime": self.last_time,
+        }
+
+
+@dataclass(frozen=True)
 class ClusterObservation:
     """What one look at a cluster showed. `None` fields were not reachable."""
 
@@ -251,6 +275,7 @@ class ClusterObservation:
     apps: dict[str, AppState] | None = None  # None when the Serve API did not answer
     proxy_healthy: bool = False
     routes: frozenset[str] = frozenset()
+    probes: tuple[ProbeState, ...] = ()
     error: str | None = None
 
 

@@ -204,8 +204,10 @@ class Load:
     """Closed-loop clients in a thread of their own, each request on a fresh connection
     when `new_connections` (like the reference's Locust experiment), until stopped."""
 
-    def __init__(self, url: str, clients: int = 32, new_connections: bool = False, timeout: float = 30) -> None:
-        self.url = url
+    def __init__(
+        self, url: str | list[str], clients: int = 32, new_connections: bool = False, timeout: float = 30
+    ) -> None:
+        self.urls = [url] if isinstance(url, str) else list(url)
         self.clients = clients
         self.new_connections = new_connections
         self.timeout = timeout
@@ -229,12 +231,13 @@ class Load:
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         connector = aiohttp.TCPConnector(limit=0, force_close=self.new_connections)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            await asyncio.gather(*(self._client(session) for _ in range(self.clients)))
+            clients = (self._client(session, self.urls[i % len(self.urls)]) for i in range(self.clients))
+            await asyncio.gather(*clients)
 
-    async def _client(self, session: aiohttp.ClientSession) -> None:
+    async def _client(self, session: aiohttp.ClientSession, url: str) -> None:
         while not self._stop.is_set():
             try:
-                async with session.get(self.url) as response:
+                async with session.get(url) as response:
                     body = await response.text()
                     if response.status == 200:
                         self.result.ok += 1

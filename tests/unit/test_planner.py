@@ -10,7 +10,15 @@ from servekeeper.core import actions as act
 from servekeeper.core.planner import plan
 from servekeeper.sim import SimCluster, SimWorld
 from servekeeper.spec import ServiceSpec, parse_spec
-from servekeeper.status import AppStatus, ClusterRole, IngressRouteObservation, Observation, SwitchGate
+from servekeeper.status import (
+    AppSource,
+    AppState,
+    AppStatus,
+    ClusterRole,
+    IngressRouteObservation,
+    Observation,
+    SwitchGate,
+)
 
 
 def make_spec(msg: str = "v1", cpus: float = 1, **overrides: Any) -> ServiceSpec:
@@ -309,3 +317,65 @@ def test_ingress_unreachable_never_counts_as_idle() -> None:
     blind = Observation(clusters=observation.clusters, route=observation.route, ingress_ok=False)
     decision = plan(world.spec, world.service, list(world.clusters.values()), blind, world.now + 5)
     assert not any(isinstance(a, act.DeleteCluster) for a in decision.actions)
+
+
+PROBE = {"applications": "declarative", "probes": [{"path": "/router/ready", "successThreshold": 3}]}
+
+
+def test_probes_gate_the_first_route_and_every_switch() -> None:
+    world = SimWorld(make_spec(readiness=PROBE), default_behaviour=SimCluster(probe_pass_after_deploy_s=10))
+    world.run_for(18)
+    assert world.route is None, "apps RUNNING but the probe not passing: no traffic yet"
+    ready = next(c for c in world.service.conditions if c.type.value == "Ready")
+    assert ready.reason == "NoActiveCluster"
+    pending_reason = next(c for c in world.service.conditions if c.type.value == "UpgradeInProgress").message
+    assert "ProbeFailing" in pending_reason
+    world.run_for(3)
+    assert world.route is not None
+    old = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(make_spec(cpus=2, readiness=PROBE))
+    world.run_for(15)
+    assert world.route.active == old.name
+    world.run_for(6)
+    assert world.route.active != old.name
+
+
+def test_serve_config_update_new_cluster_rolls_a_cluster_for_a_serve_only_change() -> None:
+    world = rolled_out(SimWorld(make_spec(serveConfigUpdate="NewCluster")))
+    old = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(make_spec(msg="v2", serveConfigUpdate="NewCluster"))
+    assert kinds(world.tick().actions) == ["CreateCluster"]
+    world.run_for(12)
+    assert world.route is not None and world.route.active != old.name
+    assert world.submissions.count(old.name) == 1, "the old cluster never got the new config"
+
+
+def _imperative(name: str, status: AppStatus) -> AppState:
+    return AppState(name=name, status=status, source=AppSource.IMPERATIVE)
+
+
+def test_failed_imperative_apps_never_make_the_service_unhealthy_by_default() -> None:
+    broken = {"model-x": _imperative("model-x", AppStatus.DEPLOY_FAILED)}
+    world = rolled_out(SimWorld(make_spec(), default_behaviour=SimCluster(extra_apps=broken)))
+    world.run_for(120)
+    assert world.condition("Ready")
+    assert world.service.unhealthy_since is None
+    assert sum(isinstance(a, act.CreateCluster) for a in world.actions) == 1
+
+
+def test_with_applications_all_a_failed_imperative_app_blocks_ready_and_is_named() -> None:
+    broken = {"model-x": _imperative("model-x", AppStatus.DEPLOY_FAILED)}
+    world = SimWorld(make_spec(readiness={"applications": "all"}), default_behaviour=SimCluster(extra_apps=broken))
+    world.run_for(15)
+    assert world.condition("RolloutFailed")
+    failed = next(c for c in world.service.conditions if c.type.value == "RolloutFailed")
+    assert "model-x" in failed.message
+
+
+def test_a_declared_name_taken_by_an_imperative_app_is_never_overwritten() -> None:
+    taken = {"hello": _imperative("hello", AppStatus.RUNNING)}
+    world = SimWorld(make_spec(), default_behaviour=SimCluster(extra_apps=taken))
+    world.run_for(10)
+    assert world.submissions == []
+    assert world.condition("RolloutFailed")
+    assert any(e.reason == "RolloutFailed" and "NameConflict" in e.message for e in world.events)

@@ -89,7 +89,25 @@ def readiness(
     )
     if missing_routes:
         return Verdict(False, "RoutesMissing", f"the Serve proxy does not route {missing_routes} yet")
+    for probe in observation.probes:
+        if not probe.passing:
+            last = probe.last_message or "not run yet"
+            return Verdict(
+                False,
+                "ProbeFailing",
+                f"probe {probe.path}: {probe.consecutive_successes}/{probe.success_threshold} "
+                f"consecutive passes; last: {last}",
+            )
     return Verdict(True, "Ready")
+
+
+def probe_result(status: int, body: str, expect_status: int, body_contains: str | None) -> tuple[bool, str]:
+    """Judge one probe answer: (passed, what was seen)."""
+    if status != expect_status:
+        return False, f"HTTP {status}, expected {expect_status}"
+    if body_contains is not None and body_contains not in body:
+        return False, f"HTTP {status}, body lacks {body_contains!r}"
+    return True, f"HTTP {status}"
 
 
 def switch_allowed(

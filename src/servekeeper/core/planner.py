@@ -20,10 +20,11 @@ from servekeeper.core.actions import (
     SubmitConfig,
     UpdateCluster,
 )
-from servekeeper.core.health import Verdict, health, readiness, switch_allowed
+from servekeeper.core.health import Verdict, health, judged_apps, readiness, switch_allowed
 from servekeeper.spec import RayClusterConfigSpec, ServiceSpec
 from servekeeper.status import (
     FAILED_APP_STATUSES,
+    AppSource,
     ClusterObservation,
     ClusterRecord,
     ClusterRole,
@@ -73,6 +74,7 @@ class _Planner:
         self.gate = gate
         self.plan = Plan(service=service)
         self.declared = spec.declared_apps()
+        self.all_apps = spec.judges_imperative_apps
         self.desired_cluster_hash = spec.cluster_spec_hash()
         self.desired_config_hash = spec.serve_config_hash()
 
@@ -174,13 +176,12 @@ class _Planner:
         if pending.head_pid is not None and not observed.processes_alive:
             return f"HeadDied: the head of pending cluster {pending.name} exited before it was ready"
         if pending.applied_config_hash == self.desired_config_hash and observed.apps is not None:
-            for name in sorted(self.declared):
-                app = observed.apps.get(name)
-                if app is not None and app.status in FAILED_APP_STATUSES:
+            for name, app in sorted(judged_apps(observed.apps, self.declared, self.all_apps).items()):
+                if app.status in FAILED_APP_STATUSES:
                     return f"AppFailed: application {name!r} is {app.status.value}: {app.message}".rstrip(": ")
         age = self.now - pending.created_at
         if age > self.spec.spec.readinessTimeoutSeconds:
-            verdict = switch_allowed(self.gate, observed, self.declared)
+            verdict = self._switch_verdict(observed)
             return (
                 f"ReadinessTimeout: pending cluster {pending.name} not ready after "
                 f"{self.spec.spec.readinessTimeoutSeconds:g}s ({verdict.reason}: {verdict.message})"
@@ -205,7 +206,7 @@ class _Planner:
         if pending.applied_config_hash != self.desired_config_hash:
             self._apply_config(pending, observed)
             return
-        verdict = switch_allowed(self.gate, observed, self.declared)
+        verdict = self._switch_verdict(observed)
         if verdict.ok:
             active = self._one(ClusterRole.ACTIVE)
             draining = [c.name for c in self._with_role(ClusterRole.DRAINING)]
@@ -213,7 +214,25 @@ class _Planner:
             self._do(SetRoute(active=pending.name, upstreams=upstreams))
             self._promote(pending)
 
+    def _switch_verdict(self, observed: ClusterObservation) -> Verdict:
+        return switch_allowed(self.gate, observed, self.declared, self.all_apps)
+
+    def _name_conflicts(self, observed: ClusterObservation) -> list[str]:
+        """Declared names already taken by apps created at run time: a PUT would replace them."""
+        apps = observed.apps or {}
+        return sorted(n for n in self.declared if n in apps and apps[n].source == AppSource.IMPERATIVE)
+
     def _apply_config(self, cluster: ClusterRecord, observed: ClusterObservation) -> None:
+        conflicts = self._name_conflicts(observed)
+        if conflicts:
+            # Never overwrite an app servekeeper did not declare.
+            reason = f"NameConflict: declared applications {conflicts} exist on {cluster.name} as imperative apps"
+            if cluster.role == ClusterRole.PENDING:
+                self._fail_rollout(cluster, reason)
+            elif not self._rollout_failed:
+                self._update_service(failed_generation=self.service.generation, failure_reason=reason)
+                self._event("RolloutFailed", reason, warning=True)
+            return
         already_there = (
             cluster.submitted_config_hash == self.desired_config_hash
             and observed.apps is not None
@@ -248,7 +267,7 @@ class _Planner:
                 self._create(ClusterRole.PENDING, "FirstApply" if first else "NoActiveCluster")
             return
         observed = self._observed(active)
-        verdict = health(observed, self.declared)
+        verdict = health(observed, self.declared, self.all_apps)
         self._track_health(verdict)
         if active.cluster_spec_hash != self.desired_cluster_hash:
             if self.spec.spec.upgradeStrategy.type == "NewCluster" and not self._rollout_failed:
@@ -259,12 +278,11 @@ class _Planner:
         if unhealthy_since is not None and self.now - unhealthy_since >= threshold:
             self._create(ClusterRole.PENDING, f"ActiveUnhealthy: {verdict.reason}: {verdict.message}")
             return
-        if (
-            active.applied_config_hash != self.desired_config_hash
-            and observed.dashboard_ok
-            and not self._rollout_failed
-        ):
-            self._apply_config(active, observed)
+        if active.applied_config_hash != self.desired_config_hash and not self._rollout_failed:
+            if self.spec.spec.serveConfigUpdate == "NewCluster":
+                self._create(ClusterRole.PENDING, "ServeConfigChanged")
+            elif observed.dashboard_ok:
+                self._apply_config(active, observed)
 
     def _track_health(self, verdict: Verdict) -> None:
         since = self.plan.service.unhealthy_since
@@ -327,14 +345,14 @@ class _Planner:
         conditions: list[tuple[ConditionType, bool, str, str]] = []
 
         if active is not None:
-            verdict = readiness(self._observed(active), self.declared)
+            verdict = readiness(self._observed(active), self.declared, self.all_apps)
             ready = (verdict.ok, verdict.reason, verdict.message or f"serving from {active.name}")
         else:
             ready = (False, "NoActiveCluster", "no cluster serves this service yet")
         conditions.append((ConditionType.READY, *ready))
 
         if pending is not None:
-            verdict = switch_allowed(self.gate, self._observed(pending), self.declared)
+            verdict = self._switch_verdict(self._observed(pending))
             message = f"waiting for {pending.name}: {verdict.reason}" + (
                 f": {verdict.message}" if verdict.message else ""
             )

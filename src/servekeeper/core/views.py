@@ -29,6 +29,7 @@ def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffi
         "createdAt": cluster.created_at,
         "headAlive": observed.processes_alive if observed else None,
         "applications": apps,
+        "probes": [probe.to_json() for probe in observed.probes] if observed else [],
     }
 
 

@@ -1,0 +1,143 @@
+"""Services that create Serve apps at run time (the model-registry example), on real Ray."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from servekeeper.testing import REPO, Load, Servekeeper, free_port, hello_spec, wait_until
+
+pytestmark = pytest.mark.ray
+
+EXAMPLE = REPO / "examples" / "model-registry"
+MODELS = ["linear-a", "linear-b", "linear-c"]
+CLIENTS = 32
+
+
+def registry_spec(
+    port: int,
+    version: str = "v1",
+    cpus: float = 1,
+    probes: bool = True,
+    applications: str = "declarative",
+    unhealthy_threshold: float = 300,
+) -> dict[str, Any]:
+    document = yaml.safe_load((EXAMPLE / "service.yaml").read_text())
+    spec = document["spec"]
+    spec["ingress"]["port"] = port
+    spec["rayClusterConfig"]["workingDir"] = str(EXAMPLE / "app")
+    spec["rayClusterConfig"]["head"]["numCpus"] = cpus
+    spec["serveConfig"]["applications"][0]["args"]["version"] = version
+    spec["readiness"]["applications"] = applications
+    if not probes:
+        spec["readiness"]["probes"] = []
+    spec["serviceUnhealthySecondThreshold"] = unhealthy_threshold
+    return dict(document)
+
+
+def model_urls(port: int) -> list[str]:
+    return [f"http://127.0.0.1:{port}/router/models/{name}?x=1,2,3" for name in MODELS]
+
+
+def ray_apps(view: dict[str, Any]) -> dict[str, Any]:
+    """Application details straight from the active cluster's Ray dashboard."""
+    url = view["activeCluster"]["dashboardUrl"] + "/api/serve/applications/"
+    return dict(httpx.get(url, timeout=10).json()["applications"])
+
+
+def test_a_failed_run_time_app_neither_blocks_nor_replaces_the_service(sk: Servekeeper) -> None:
+    port = free_port()
+    sk.up()
+    sk.apply(registry_spec(port, unhealthy_threshold=3))
+    assert sk.wait("registry") == 0
+    view = sk.get("registry")
+    apps = view["activeCluster"]["applications"]
+    assert apps["model-broken-upload"]["status"] == "DEPLOY_FAILED"
+    assert apps["model-broken-upload"]["source"] == "imperative"
+    assert all(apps[f"model-{name}"]["status"] == "RUNNING" for name in MODELS)
+    assert view["activeCluster"]["probes"][0]["passing"] is True
+    cluster = view["activeCluster"]["name"]
+
+    # Longer than the unhealthy threshold: a failed app that counted would have started a replacement.
+    time.sleep(8)
+    assert sk.condition("registry", "Ready")["status"] == "True"
+    assert sk.get("registry")["activeCluster"]["name"] == cluster
+    assert sk.get("registry")["pendingCluster"] is None
+    assert "ClusterUnhealthy" not in sk.events("registry")
+
+    # Judging every app: the same service is not Ready, and says which app blocks it.
+    sk.apply(registry_spec(port, applications="all"))
+    wait_until(lambda: sk.condition("registry", "Ready")["status"] == "False", 30, "Ready to turn False")
+    ready = sk.condition("registry", "Ready")
+    assert "model-broken-upload" in ready["message"]
+
+
+def test_controller_kill9_then_in_place_change_leaves_run_time_apps_untouched(sk: Servekeeper) -> None:
+    port = free_port()
+    sk.up()
+    sk.apply(registry_spec(port))
+    assert sk.wait("registry") == 0
+    before = ray_apps(sk.get("registry"))
+    answers = {url: httpx.get(url).json() for url in model_urls(port)}
+
+    sk.kill_controller()
+    sk.up()
+    sk.apply(registry_spec(port, version="v1-patched"))
+    assert sk.wait("registry") == 0
+    wait_until(lambda: httpx.get(model_urls(port)[0]).json()["router"] == "v1-patched", 60, "the patched router")
+    after = ray_apps(sk.get("registry"))
+    for name in [f"model-{m}" for m in MODELS] + ["model-broken-upload"]:
+        assert after[name]["source"] == "imperative"
+        assert after[name]["last_deployed_time_s"] == before[name]["last_deployed_time_s"], name
+    for name in MODELS:
+        assert after[f"model-{name}"]["status"] == "RUNNING"
+    for url, answer in answers.items():
+        assert {**httpx.get(url).json(), "router": "v1"} == answer
+    assert len(sk.submissions()) == 2, "only the first config and the change were submitted"
+
+
+def _upgrade_under_load(sk: Servekeeper, probes: bool) -> Load:
+    port = free_port()
+    sk.up()
+    sk.apply(registry_spec(port, probes=probes))
+    assert sk.wait("registry") == 0
+    wait_until(lambda: all(httpx.get(u).status_code == 200 for u in model_urls(port)), 60, "every model")
+    with Load(model_urls(port), clients=CLIENTS) as load:
+        wait_until(lambda: load.result.ok > 50, 30, "load to start")
+        sk.apply(registry_spec(port, version="v2", cpus=2, probes=probes))
+        assert sk.wait("registry") == 0
+        wait_until(lambda: sum(n for body, n in load.result.bodies.items() if '"v2"' in body) > 100, 60, "v2")
+    return load
+
+
+def test_registry_upgrade_waits_for_the_probe_and_drops_nothing(sk: Servekeeper) -> None:
+    load = _upgrade_under_load(sk, probes=True)
+    assert load.result.failed == 0, f"failed requests: {dict(load.result.failures)}"
+    for name in MODELS:
+        assert any(f'"{name}"' in body and '"v2"' in body for body in load.result.bodies)
+
+
+def test_registry_upgrade_without_the_probe_drops_requests(sk: Servekeeper) -> None:
+    load = _upgrade_under_load(sk, probes=False)
+    assert load.result.failed > 0, "switching on the static apps alone should have failed model calls"
+
+
+def test_serve_config_update_new_cluster_rolls_a_cluster_for_a_serve_only_change(sk: Servekeeper) -> None:
+    port = free_port()
+    sk.up()
+    sk.apply(hello_spec("rolling", port, msg="v1", ready_delay_s=5, serveConfigUpdate="NewCluster"))
+    assert sk.wait("rolling") == 0
+    first = sk.get("rolling")["activeCluster"]["name"]
+    with Load(f"http://127.0.0.1:{port}/", clients=CLIENTS) as load:
+        wait_until(lambda: load.result.ok > 50, 30, "load to start")
+        sk.apply(hello_spec("rolling", port, msg="v2", ready_delay_s=5, serveConfigUpdate="NewCluster"))
+        assert sk.wait("rolling") == 0
+        wait_until(lambda: load.result.bodies["v2"] > 50, 60, "v2 responses")
+    assert load.result.failed == 0, f"failed requests: {dict(load.result.failures)}"
+    view = sk.get("rolling")
+    assert view["activeCluster"]["name"] != first
+    assert view["activeCluster"]["generation"] == 2
