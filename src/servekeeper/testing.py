@@ -26,6 +26,7 @@ from servekeeper.providers.local import tagged_processes
 
 REPO = Path(__file__).resolve().parents[2]  # src/servekeeper/testing.py -> the checkout
 HELLO_APP = REPO / "examples" / "hello" / "app"
+REGISTRY_EXAMPLE = REPO / "examples" / "model-registry"
 
 
 def hello_spec(
@@ -55,6 +56,34 @@ def hello_spec(
     }
     spec.update(spec_overrides)
     return {"apiVersion": "servekeeper/v1alpha1", "kind": "RayService", "metadata": {"name": name}, "spec": spec}
+
+
+MODELS = ["linear-a", "linear-b", "linear-c"]
+
+
+def registry_spec(
+    port: int,
+    version: str = "v1",
+    cpus: float = 1,
+    probes: bool = True,
+    applications: str = "declarative",
+    unhealthy_threshold: float = 300,
+) -> dict[str, Any]:
+    document = yaml.safe_load((REGISTRY_EXAMPLE / "service.yaml").read_text())
+    spec = document["spec"]
+    spec["ingress"]["port"] = port
+    spec["rayClusterConfig"]["workingDir"] = str(REGISTRY_EXAMPLE / "app")
+    spec["rayClusterConfig"]["head"]["numCpus"] = cpus
+    spec["serveConfig"]["applications"][0]["args"]["version"] = version
+    spec["readiness"]["applications"] = applications
+    if not probes:
+        spec["readiness"]["probes"] = []
+    spec["serviceUnhealthySecondThreshold"] = unhealthy_threshold
+    return dict(document)
+
+
+def model_urls(port: int) -> list[str]:
+    return [f"http://127.0.0.1:{port}/router/models/{name}?x=1,2,3" for name in MODELS]
 
 
 class Servekeeper:

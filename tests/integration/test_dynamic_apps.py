@@ -7,40 +7,21 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from servekeeper.testing import REPO, Load, Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing import (
+    MODELS,
+    Load,
+    Servekeeper,
+    free_port,
+    hello_spec,
+    model_urls,
+    registry_spec,
+    wait_until,
+)
 
 pytestmark = pytest.mark.ray
 
-EXAMPLE = REPO / "examples" / "model-registry"
-MODELS = ["linear-a", "linear-b", "linear-c"]
 CLIENTS = 32
-
-
-def registry_spec(
-    port: int,
-    version: str = "v1",
-    cpus: float = 1,
-    probes: bool = True,
-    applications: str = "declarative",
-    unhealthy_threshold: float = 300,
-) -> dict[str, Any]:
-    document = yaml.safe_load((EXAMPLE / "service.yaml").read_text())
-    spec = document["spec"]
-    spec["ingress"]["port"] = port
-    spec["rayClusterConfig"]["workingDir"] = str(EXAMPLE / "app")
-    spec["rayClusterConfig"]["head"]["numCpus"] = cpus
-    spec["serveConfig"]["applications"][0]["args"]["version"] = version
-    spec["readiness"]["applications"] = applications
-    if not probes:
-        spec["readiness"]["probes"] = []
-    spec["serviceUnhealthySecondThreshold"] = unhealthy_threshold
-    return dict(document)
-
-
-def model_urls(port: int) -> list[str]:
-    return [f"http://127.0.0.1:{port}/router/models/{name}?x=1,2,3" for name in MODELS]
 
 
 def ray_apps(view: dict[str, Any]) -> dict[str, Any]:

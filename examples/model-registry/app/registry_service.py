@@ -112,6 +112,16 @@ router_api = FastAPI()
 class Router:
     def __init__(self, version: str = "v1") -> None:
         self.version = version
+        self._running: set[str] = set()
+        self._checked_at = float("-inf")
+
+    async def _is_running(self, app_name: str) -> bool:
+        """Answer fast instead of queueing on a model that is not up: refresh at most once a second."""
+        if app_name not in self._running and time.monotonic() - self._checked_at > 1.0:
+            applications = await asyncio.to_thread(lambda: serve.status().applications)
+            self._running = {n for n, a in applications.items() if a.status == ApplicationStatus.RUNNING}
+            self._checked_at = time.monotonic()
+        return app_name in self._running
 
     @router_api.get("/ready")
     async def ready(self) -> Any:
@@ -123,11 +133,9 @@ class Router:
     @router_api.get("/models/{name}")
     async def predict(self, name: str, x: str = "1,2,3") -> dict[str, Any]:
         features = [float(v) for v in x.split(",") if v]
-        try:
-            handle = serve.get_app_handle(MODEL_APP_PREFIX + name)
-        except Exception as exc:  # Serve raises a bare exception for an unknown app
-            raise HTTPException(status_code=404, detail=f"model {name!r} is not deployed") from exc
-        result = await handle.remote(features)
+        if not await self._is_running(MODEL_APP_PREFIX + name):
+            raise HTTPException(status_code=503, detail=f"model {name!r} is not running here")
+        result = await serve.get_app_handle(MODEL_APP_PREFIX + name).remote(features)
         return {**result, "router": self.version}
 
 
