@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from servekeeper import faults
 from servekeeper.core import actions as act
 from servekeeper.core.planner import plan
 from servekeeper.core.serve_config import build_serve_config
@@ -128,11 +129,25 @@ class Controller:
             for event in events:
                 log = logger.warning if event.type == "Warning" else logger.info
                 log("[%s] %s: %s", name, event.reason, event.message)
+        if faults.armed():
+            self._crash_points_after_tick(decision.actions)
         if any(isinstance(action, act.ForgetService) for action in decision.actions):
             self.observations.pop(name, None)
             return None
         busy = decision.actions or any(c.role != ClusterRole.ACTIVE for c in clusters)
         return FAST_TICK_SECONDS if busy or not _is_ready(decision.service) else STEADY_TICK_SECONDS
+
+    def _crash_points_after_tick(self, actions: list[act.Action]) -> None:
+        roles = {c.role: c for c in self.store.list_clusters()}
+        pending = roles.get(ClusterRole.PENDING)
+        if (
+            pending is not None
+            and pending.applied_config_hash
+            and not any(isinstance(a, act.SetRoute) for a in actions)
+        ):
+            faults.crash_point("waiting-for-ready")
+        if ClusterRole.DRAINING in roles and not any(isinstance(a, act.DeleteCluster) for a in actions):
+            faults.crash_point("draining")
 
     def _persist_status(self, before: ServiceRecord, after: ServiceRecord) -> None:
         # The API may have stored a new spec while this tick ran: keep it, and let the next
@@ -140,15 +155,15 @@ class Controller:
         current = self.store.get_service(before.name)
         if current is None or current.generation != before.generation or current.deleting != before.deleting:
             return
-        self.store.put_service(
-            current.with_changes(
-                observed_generation=after.observed_generation,
-                unhealthy_since=after.unhealthy_since,
-                failed_generation=after.failed_generation,
-                failure_reason=after.failure_reason,
-                conditions=after.conditions,
-            )
+        updated = current.with_changes(
+            observed_generation=after.observed_generation,
+            unhealthy_since=after.unhealthy_since,
+            failed_generation=after.failed_generation,
+            failure_reason=after.failure_reason,
+            conditions=after.conditions,
         )
+        if updated != current:  # a steady tick writes nothing
+            self.store.put_service(updated)
 
     # -- observe -------------------------------------------------------------------------
 
@@ -231,6 +246,8 @@ class Controller:
             created_at=self.clock(),
         )
         self.store.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown
+        if faults.armed() and self.store.list_clusters(service.name) != [cluster]:
+            faults.crash_point("cluster-intent-written")
         self._start_cluster(cluster)
 
     def _start_cluster(self, cluster: ClusterRecord) -> None:
@@ -241,6 +258,8 @@ class Controller:
             if cluster.head_pid is None:
                 cluster = self.provider.start_head(cluster, config)
                 self.store.update_cluster(cluster.name, head_pid=cluster.head_pid)
+                if faults.armed() and len(self.store.list_clusters(cluster.service)) > 1:
+                    faults.crash_point("pending-started")
         except (OSError, ProviderError) as exc:
             self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
             return
@@ -263,6 +282,8 @@ class Controller:
     ) -> None:
         cluster = self.store.update_cluster(action.cluster, submitted_config_hash=action.config_hash)
         document = build_serve_config(spec, cluster)
+        # Audited before the PUT: a second attempt on the same cluster can never go unseen.
+        self.store.record_submission(cluster.name, action.config_hash, self.clock())
         try:
             await self.serve.put_config(cluster.dashboard_url, document)
         except RetryableServeError as exc:
@@ -279,9 +300,14 @@ class Controller:
                     )
             events.append(Event(service.name, self.clock(), "Warning", "ConfigRejected", str(exc)))
             raise _StopTick from exc
+        if (
+            faults.armed()
+            and cluster.role == ClusterRole.PENDING
+            and len(self.store.list_clusters(cluster.service)) > 1
+        ):
+            faults.crash_point("config-submitted")
         now = self.clock()
         self.store.update_cluster(cluster.name, applied_config_hash=action.config_hash, config_submitted_at=now)
-        self.store.record_submission(cluster.name, action.config_hash, now)
 
     async def _set_route(
         self, service: ServiceRecord, spec: ServiceSpec, action: act.SetRoute, events: list[Event]
@@ -297,6 +323,9 @@ class Controller:
             # Nothing after the switch may run: roles change only once the ingress acknowledged.
             events.append(Event(service.name, self.clock(), "Warning", "RouteFailed", str(exc)))
             raise _StopTick from exc
+        switched = self.store.get_cluster(action.active) if faults.armed() else None
+        if switched is not None and switched.role == ClusterRole.PENDING:
+            faults.crash_point("route-switched")
 
     def _delete_cluster(self, name: str, service: str, events: list[Event]) -> None:
         cluster = self.store.get_cluster(name)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from servekeeper.faults import crash_point
 from servekeeper.providers.base import ProviderError
 from servekeeper.spec import HeadGroupSpec, RayClusterConfigSpec
 from servekeeper.status import ClusterRecord, NodePorts
@@ -248,6 +249,7 @@ class LocalProvider:
         for session in sessions:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(session, signal.SIGTERM)
+        crash_point("deleting-old")
         await self._wait_gone(sessions, cluster.log_dir, TERM_GRACE_SECONDS)
         # gcs_server, the raylet and the actor workers often outlive SIGTERM: kill what is left,
         # each actor worker by pid since it sits in a process group of its own.
