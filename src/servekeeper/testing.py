@@ -110,10 +110,20 @@ class Servekeeper:
             )
         return result
 
-    def up(self, gate: str | None = None) -> None:
+    def up(self, gate: str | None = None, crash_at: str | None = None) -> None:
+        """Start the daemon. `crash_at` arms a crash point for this daemon only (not its successor)."""
         if gate is not None:
             self.env["SERVEKEEPER_UNSAFE_SWITCH_GATE"] = gate
-        self.cli("up", "--detach", timeout=90)
+        saved = dict(self.env)
+        if crash_at is not None:
+            self.env["SERVEKEEPER_TEST_CRASH_AT"] = crash_at
+        try:
+            self.cli("up", "--detach", timeout=90)
+        finally:
+            self.env = saved
+
+    def wait_controller_gone(self, pid: int, timeout: float) -> None:
+        wait_until(lambda: not _alive(pid), timeout, f"controller {pid} to exit")
 
     def apply(self, document: dict[str, Any]) -> None:
         self._files += 1

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from servekeeper.ingress.server import Ingress
+from servekeeper.ingress.proxy import Ingress
 from servekeeper.ports import PortAllocator
 
 

@@ -1,12 +1,14 @@
-"""The ingress: a reverse proxy process, apart from the controller.
+"""The ingress process: a supervisor and its proxy workers, apart from the controller.
 
-One listening port per service forwards every request to the service's active cluster. The
-controller steers it through a small control API on loopback (token required); the route table
-is also kept in a file so that a restarted ingress serves at once, before the controller has
-spoken to it. The ingress never needs the controller to serve: killing the controller, even
-with SIGKILL, drops nothing.
+The supervisor starts N workers (default 2) that share every service port with SO_REUSEPORT,
+restarts a worker that dies (within a second), and serves the control API the controller uses:
+a route change is written to the route file first, then pushed to every worker, and
+acknowledged once they all have it; in-flight counts are summed over the workers. A worker
+started later reads the route file and serves at once. The ingress never needs the controller
+to serve: killing the controller, even with SIGKILL, drops nothing; killing one worker loses
+only the requests it had in flight.
 
-Usage: python -m servekeeper.ingress.server --state-dir DIR --control-port PORT
+Usage: python -m servekeeper.ingress.server --state-dir DIR --control-port PORT [--workers N]
 """
 
 from __future__ import annotations
@@ -18,215 +20,128 @@ import json
 import logging
 import os
 import signal
-from dataclasses import dataclass, field
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from servekeeper.ingress.proxy import SHUTDOWN_GRACE_SECONDS, Ingress
+from servekeeper.ports import PortAllocator
+
 logger = logging.getLogger("servekeeper.ingress")
-
-HOP_BY_HOP = frozenset(
-    h.lower()
-    for h in (
-        "Connection",
-        "Keep-Alive",
-        "Proxy-Authenticate",
-        "Proxy-Authorization",
-        "TE",
-        "Trailers",
-        "Transfer-Encoding",
-        "Upgrade",
-        "Host",
-        "Content-Length",
-    )
-)
-SMALL_BODY = 256 * 1024  # read responses this small whole: cheaper than chunked streaming
-UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=2, sock_read=None)
-MAX_REQUEST_BYTES = 64 * 1024 * 1024
-SHUTDOWN_GRACE_SECONDS = 10.0
+WORKER_TIMEOUT = aiohttp.ClientTimeout(total=5, sock_connect=1)
+MONITOR_SECONDS = 0.05
 
 
 @dataclass
-class Upstream:
-    name: str
-    url: str
-    inflight: int = 0
-    total: int = 0
-    failed_connects: int = 0
+class Worker:
+    index: int
+    control_port: int
+    process: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
 
-@dataclass
-class ServiceRoute:
-    service: str
-    port: int
-    active: str | None
-    upstreams: dict[str, Upstream] = field(default_factory=dict)
-
-    def order(self) -> list[Upstream]:
-        """Active first, then the others (draining clusters) as the one-time fallback."""
-        first = [self.upstreams[self.active]] if self.active in self.upstreams else []
-        return first + [u for name, u in self.upstreams.items() if name != self.active]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "port": self.port,
-            "active": self.active,
-            "upstreams": {
-                name: {"url": u.url, "inflight": u.inflight, "total": u.total, "failedConnects": u.failed_connects}
-                for name, u in self.upstreams.items()
-            },
-        }
-
-
-class Ingress:
-    def __init__(self, state_dir: Path, token: str) -> None:
+class Supervisor:
+    def __init__(self, state_dir: Path, token: str, worker_count: int) -> None:
         self.state_dir = state_dir
         self.token = token
-        self.routes: dict[str, ServiceRoute] = {}
-        self.runners: dict[str, tuple[int, web.AppRunner]] = {}
-        self.session: aiohttp.ClientSession | None = None
+        self.worker_count = worker_count
         self.routes_file = state_dir / "ingress-routes.json"
+        self.routes: dict[str, dict[str, Any]] = self._load()
+        self.workers: dict[int, Worker] = {}
+        self.restarts = 0
+        self.session: aiohttp.ClientSession | None = None
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._stopping = False
 
-    # -- data plane ----------------------------------------------------------------------
-
-    async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
-        self.session = aiohttp.ClientSession(
-            connector=connector, timeout=UPSTREAM_TIMEOUT, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
-        )
-        for service, data in self._load_routes().items():
-            with contextlib.suppress(OSError):
-                await self.set_route(service, data["port"], data["active"], data["upstreams"], persist=False)
-
-    def _handler_for(self, service: str):  # type: ignore[no-untyped-def]
-        async def handle(request: web.Request) -> web.StreamResponse:
-            return await self.forward(service, request)
-
-        return handle
-
-    async def forward(self, service: str, request: web.Request) -> web.StreamResponse:
-        route = self.routes.get(service)
-        if route is None or route.active is None:
-            return web.Response(status=503, text="servekeeper: no ready cluster for this service\n")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        headers["Host"] = request.host
-        peer = request.remote or ""
-        prior = request.headers.get("X-Forwarded-For")
-        headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
-        body = request.content if request.body_exists else None
-        if request.content_length is not None and request.content_length > MAX_REQUEST_BYTES:
-            return web.Response(status=413, text="servekeeper: request body too large\n")
-        last_error: Exception | None = None
-        for attempt, upstream in enumerate(route.order()[:2]):
-            if attempt > 0 and body is not None and body.total_bytes > 0:
-                break  # the body was already partly sent: never replay it
-            upstream.inflight += 1
-            upstream.total += 1
-            try:
-                return await self._exchange(request, upstream, headers, body)
-            except aiohttp.ClientConnectorError as exc:
-                # Refused before anything was sent: safe to try the other cluster once.
-                upstream.failed_connects += 1
-                last_error = exc
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                logger.warning("[%s] upstream %s failed mid-request: %r", service, upstream.name, exc)
-                return web.Response(status=502, text="servekeeper: upstream failed\n")
-            finally:
-                upstream.inflight -= 1
-        logger.warning("[%s] no upstream reachable: %r", service, last_error)
-        return web.Response(status=503, text="servekeeper: no cluster reachable\n")
-
-    async def _exchange(
-        self, request: web.Request, upstream: Upstream, headers: dict[str, str], body: Any
-    ) -> web.StreamResponse:
-        assert self.session is not None
-        async with self.session.request(
-            request.method,
-            upstream.url + request.raw_path,
-            headers=headers,
-            data=body,
-            allow_redirects=False,
-        ) as answer:
-            out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP}
-            length = answer.content_length
-            if length is not None and length <= SMALL_BODY:
-                payload = await answer.read()
-                return web.Response(status=answer.status, reason=answer.reason, headers=out_headers, body=payload)
-            response = web.StreamResponse(status=answer.status, reason=answer.reason, headers=out_headers)
-            if length is not None:
-                response.content_length = length
-            await response.prepare(request)
-            async for chunk in answer.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
-            return response
-
-    # -- routes --------------------------------------------------------------------------
-
-    async def set_route(
-        self, service: str, port: int, active: str | None, upstreams: dict[str, str], persist: bool = True
-    ) -> None:
-        current = self.routes.get(service)
-        bound = self.runners.get(service)
-        if bound is not None and bound[0] != port:
-            await self._unbind(service)
-            bound = None
-        if bound is None:
-            await self._bind(service, port)
-        previous = current.upstreams if current else {}
-        merged = {
-            name: previous[name] if name in previous and previous[name].url == url else Upstream(name, url)
-            for name, url in upstreams.items()
-        }
-        # One assignment: a request sees either the old route or the new one, never a mix.
-        self.routes[service] = ServiceRoute(service=service, port=port, active=active, upstreams=merged)
-        if persist:
-            self._save_routes()
-
-    async def remove_route(self, service: str) -> None:
-        self.routes.pop(service, None)
-        await self._unbind(service)
-        self._save_routes()
-
-    async def _bind(self, service: str, port: int) -> None:
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
-        app.router.add_route("*", "/{tail:.*}", self._handler_for(service))
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host="127.0.0.1", port=port, reuse_address=True, backlog=1024)
-        try:
-            await site.start()
-        except OSError:
-            await runner.cleanup()
-            raise
-        self.runners[service] = (port, runner)
-        logger.info("[%s] listening on 127.0.0.1:%d", service, port)
-
-    async def _unbind(self, service: str) -> None:
-        bound = self.runners.pop(service, None)
-        if bound is not None:
-            await bound[1].cleanup()
-
-    def _load_routes(self) -> dict[str, Any]:
+    def _load(self) -> dict[str, dict[str, Any]]:
         try:
             return dict(json.loads(self.routes_file.read_text()))
         except (OSError, ValueError):
             return {}
 
-    def _save_routes(self) -> None:
-        data = {
-            name: {
-                "port": route.port,
-                "active": route.active,
-                "upstreams": {n: u.url for n, u in route.upstreams.items()},
-            }
-            for name, route in self.routes.items()
-        }
+    def _save(self) -> None:
         tmp = self.routes_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
+        tmp.write_text(json.dumps(self.routes))
         os.replace(tmp, self.routes_file)
+
+    def _spawn(self, index: int) -> Worker:
+        taken = [w.control_port for w in self.workers.values()]
+        control_port = PortAllocator(taken).one()
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "servekeeper.ingress.server",
+                "--worker",
+                "--state-dir",
+                str(self.state_dir),
+                "--control-port",
+                str(control_port),
+            ],
+            stdin=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        worker = Worker(index=index, control_port=control_port, process=process)
+        self.workers[index] = worker
+        logger.info("ingress worker %d started, pid %d", index, process.pid)
+        return worker
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(timeout=WORKER_TIMEOUT)
+        for index in range(self.worker_count):
+            self._spawn(index)
+        await asyncio.gather(*(self._wait_ready(w) for w in self.workers.values()))
+
+    async def _wait_ready(self, worker: Worker, timeout: float = 20) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline and worker.process.poll() is None:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                await self._call(worker, "GET", "/healthz")
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    async def monitor(self) -> None:
+        while not self._stopping:
+            for index, worker in list(self.workers.items()):
+                if worker.process.poll() is not None and not self._stopping:
+                    logger.warning(
+                        "ingress worker %d (pid %d) exited with %s; restarting",
+                        index,
+                        worker.pid,
+                        worker.process.returncode,
+                    )
+                    self.restarts += 1
+                    self._spawn(index)
+            await asyncio.sleep(MONITOR_SECONDS)
+
+    async def _call(self, worker: Worker, method: str, path: str, payload: Any = None) -> tuple[int, Any]:
+        assert self.session is not None
+        url = f"http://127.0.0.1:{worker.control_port}{path}"
+        async with self.session.request(method, url, json=payload, headers=self._headers) as response:
+            return response.status, await response.json(content_type=None)
+
+    async def _fan_out(self, method: str, path: str, payload: Any = None) -> list[tuple[Worker, int, Any]]:
+        """Ask every live worker. A worker that is restarting is skipped: it reads the file."""
+
+        async def one(worker: Worker) -> tuple[Worker, int, Any] | None:
+            try:
+                status, data = await self._call(worker, method, path, payload)
+                return worker, status, data
+            except (aiohttp.ClientError, TimeoutError):
+                return None
+
+        answers = await asyncio.gather(*(one(w) for w in list(self.workers.values())))
+        return [answer for answer in answers if answer is not None]
 
     # -- control API ---------------------------------------------------------------------
 
@@ -238,64 +153,164 @@ class Ingress:
             return await handler(request)
 
         app = web.Application(middlewares=[require_token])
-        app.router.add_get("/healthz", self._control_health)
-        app.router.add_get("/routes", self._control_routes)
-        app.router.add_put("/routes/{service}", self._control_put)
-        app.router.add_delete("/routes/{service}", self._control_delete)
+        app.router.add_get("/healthz", self._health)
+        app.router.add_get("/workers", self._workers)
+        app.router.add_get("/routes", self._get_routes)
+        app.router.add_put("/routes/{service}", self._put_route)
+        app.router.add_delete("/routes/{service}", self._delete_route)
         return app
 
-    async def _control_health(self, request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "pid": os.getpid()})
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "pid": os.getpid(), "restarts": self.restarts})
 
-    async def _control_routes(self, request: web.Request) -> web.Response:
-        return web.json_response({"pid": os.getpid(), "services": {n: r.to_json() for n, r in self.routes.items()}})
+    async def _workers(self, request: web.Request) -> web.Response:
+        answers = {w.index: data for w, status, data in await self._fan_out("GET", "/routes") if status == 200}
+        listing = []
+        for index, worker in sorted(self.workers.items()):
+            routes = answers.get(index, {}).get("services", {})
+            inflight = sum(u["inflight"] for r in routes.values() for u in r["upstreams"].values())
+            listing.append(
+                {
+                    "index": index,
+                    "pid": worker.pid,
+                    "controlPort": worker.control_port,
+                    "ready": index in answers,
+                    "inflight": inflight,
+                }
+            )
+        return web.json_response({"workers": listing, "restarts": self.restarts})
 
-    async def _control_put(self, request: web.Request) -> web.Response:
+    async def _get_routes(self, request: web.Request) -> web.Response:
+        merged: dict[str, Any] = {}
+        for _, status, data in await self._fan_out("GET", "/routes"):
+            if status != 200:
+                continue
+            for service, route in data["services"].items():
+                into = merged.setdefault(service, {"port": route["port"], "active": route["active"], "upstreams": {}})
+                for name, upstream in route["upstreams"].items():
+                    total = into["upstreams"].setdefault(
+                        name, {"url": upstream["url"], "inflight": 0, "total": 0, "failedConnects": 0}
+                    )
+                    for key in ("inflight", "total", "failedConnects"):
+                        total[key] += upstream[key]
+        # A route the workers have not reported (all restarting) is still the route in force.
+        for service, route in self.routes.items():
+            merged.setdefault(
+                service,
+                {
+                    "port": route["port"],
+                    "active": route["active"],
+                    "upstreams": {
+                        name: {"url": url, "inflight": 0, "total": 0, "failedConnects": 0}
+                        for name, url in route["upstreams"].items()
+                    },
+                },
+            )
+        return web.json_response({"pid": os.getpid(), "services": merged})
+
+    async def _put_route(self, request: web.Request) -> web.Response:
         service = request.match_info["service"]
         try:
             data = await request.json()
-            port = int(data["port"])
-            active = data.get("active")
-            upstreams = {str(k): str(v) for k, v in dict(data["upstreams"]).items()}
+            route = {
+                "port": int(data["port"]),
+                "active": data.get("active"),
+                "upstreams": {str(k): str(v) for k, v in dict(data["upstreams"]).items()},
+            }
         except (ValueError, KeyError, TypeError) as exc:
             return web.json_response({"error": f"bad route: {exc!r}"}, status=400)
-        if active is not None and active not in upstreams:
+        if route["active"] is not None and route["active"] not in route["upstreams"]:
             return web.json_response({"error": "active must be one of upstreams"}, status=400)
-        try:
-            await self.set_route(service, port, active, upstreams)
-        except OSError as exc:
-            return web.json_response({"error": f"cannot listen on port {port}: {exc.strerror}"}, status=409)
-        return web.json_response(self.routes[service].to_json())
+        previous = self.routes.get(service)
+        self.routes[service] = route
+        self._save()
+        answers = await self._fan_out("PUT", f"/routes/{service}", route)
+        for _, status, body in answers:
+            if status != 200:
+                await self._roll_back(service, previous)
+                return web.json_response(body, status=status)
+        return web.json_response(route)
 
-    async def _control_delete(self, request: web.Request) -> web.Response:
-        await self.remove_route(request.match_info["service"])
+    async def _roll_back(self, service: str, previous: dict[str, Any] | None) -> None:
+        """The file must never hold a route that a worker could not take (its port was busy)."""
+        if previous is None:
+            self.routes.pop(service, None)
+            self._save()
+            await self._fan_out("DELETE", f"/routes/{service}")
+        else:
+            self.routes[service] = previous
+            self._save()
+            await self._fan_out("PUT", f"/routes/{service}", previous)
+
+    async def _delete_route(self, request: web.Request) -> web.Response:
+        service = request.match_info["service"]
+        self.routes.pop(service, None)
+        self._save()
+        await self._fan_out("DELETE", f"/routes/{service}")
         return web.json_response({"ok": True})
 
-    async def close(self) -> None:
-        for service in list(self.runners):
-            await self._unbind(service)
+    async def stop(self) -> None:
+        self._stopping = True
+        for worker in self.workers.values():
+            with contextlib.suppress(ProcessLookupError):
+                worker.process.send_signal(signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SHUTDOWN_GRACE_SECONDS + 2
+        while loop.time() < deadline and any(w.process.poll() is None for w in self.workers.values()):
+            await asyncio.sleep(0.05)
+        for worker in self.workers.values():
+            if worker.process.poll() is None:
+                worker.process.kill()
+                worker.process.wait()
         if self.session is not None:
             await self.session.close()
 
-    def inflight_total(self) -> int:
-        return sum(u.inflight for r in self.routes.values() for u in r.upstreams.values())
 
-
-async def serve(state_dir: Path, control_port: int) -> None:
-    token = (state_dir / "token").read_text().strip()
-    ingress = Ingress(state_dir, token)
-    await ingress.start()
-    control = web.AppRunner(ingress.control_app(), access_log=None, handle_signals=False)
-    await control.setup()
-    await web.TCPSite(control, host="127.0.0.1", port=control_port).start()
-    logger.info("ingress control API on 127.0.0.1:%d, pid %d", control_port, os.getpid())
+async def _until_signalled() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+async def _serve_control(app: web.Application, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, host="127.0.0.1", port=port).start()
+    return runner
+
+
+async def run_supervisor(state_dir: Path, control_port: int, worker_count: int) -> None:
+    token = (state_dir / "token").read_text().strip()
+    supervisor = Supervisor(state_dir, token, worker_count)
+    await supervisor.start()
+    control = await _serve_control(supervisor.control_app(), control_port)
+    logger.info("ingress supervisor on 127.0.0.1:%d, pid %d, %d workers", control_port, os.getpid(), worker_count)
+    monitor = asyncio.create_task(supervisor.monitor())
+    await _until_signalled()
+    await control.cleanup()
+    await supervisor.stop()
+    monitor.cancel()
+
+
+async def run_worker(state_dir: Path, control_port: int) -> None:
+    token = (state_dir / "token").read_text().strip()
+    ingress = Ingress(state_dir, token, persist=False)
+    await ingress.start()
+    control = await _serve_control(ingress.control_app(), control_port)
+    parent = os.getppid()
+
+    async def orphaned() -> None:
+        # A worker whose supervisor is gone exits: nothing would restart or steer it.
+        while os.getppid() == parent:
+            await asyncio.sleep(1)
+
+    waiters = [asyncio.create_task(_until_signalled()), asyncio.create_task(orphaned())]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     # Graceful: stop taking control calls, let requests in flight finish (bounded), then exit.
     await control.cleanup()
+    loop = asyncio.get_running_loop()
     deadline = loop.time() + SHUTDOWN_GRACE_SECONDS
     while ingress.inflight_total() and loop.time() < deadline:
         await asyncio.sleep(0.05)
@@ -303,14 +318,19 @@ async def serve(state_dir: Path, control_port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--control-port", type=int, required=True)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     import uvloop  # installed with ray[serve]; a faster loop for the data plane
 
-    uvloop.run(serve(args.state_dir, args.control_port))
+    if args.worker:
+        uvloop.run(run_worker(args.state_dir, args.control_port))
+    else:
+        uvloop.run(run_supervisor(args.state_dir, args.control_port, max(1, args.workers)))
 
 
 if __name__ == "__main__":
