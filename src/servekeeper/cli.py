@@ -19,6 +19,7 @@ from rich.table import Table
 
 from servekeeper.daemon import DaemonError, default_state_dir, read_api_info, run_daemon, start_detached
 from servekeeper.spec import SpecError, load_spec_file
+from servekeeper.store import StoreError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console()
@@ -97,15 +98,15 @@ def up(
         try:
             info = start_detached(directory, extra)
         except DaemonError as exc:
-            errors.print(f"[red]{exc}[/red]")
+            errors.print(str(exc), style="red", markup=False)
             raise typer.Exit(1) from exc
         console.print(f"servekeeper up (pid {info['pid']}), API {info['url']}, state in {directory}")
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         asyncio.run(run_daemon(directory, api_host, api_port, allow_remote))
-    except DaemonError as exc:
-        errors.print(f"[red]{exc}[/red]")
+    except (DaemonError, StoreError) as exc:
+        errors.print(str(exc), style="red", markup=False)
         raise typer.Exit(1) from exc
 
 
@@ -297,7 +298,11 @@ def down(
     else:
         from servekeeper.offline import stop_everything_offline
 
-        stopped = asyncio.run(stop_everything_offline(directory))
+        try:
+            stopped = asyncio.run(stop_everything_offline(directory))
+        except StoreError as exc:
+            errors.print(str(exc), style="red", markup=False)
+            raise typer.Exit(1) from exc
         console.print(f"no daemon was running; stopped {stopped} cluster(s) and the ingress directly")
     console.print("servekeeper is down")
 

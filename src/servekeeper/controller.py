@@ -182,7 +182,14 @@ class Controller:
     async def _observe_cluster(self, cluster: ClusterRecord, spec: ServiceSpec) -> ClusterObservation:
         alive = self.provider.processes_alive(cluster)
         if not alive:
-            return ClusterObservation(name=cluster.name, processes_alive=False)
+            reason = self.provider.exit_reason(cluster) if cluster.head_pid is not None else None
+            return ClusterObservation(name=cluster.name, processes_alive=False, error=reason)
+        dead_workers = self.provider.dead_workers(cluster)
+        if dead_workers:
+            reason = f"worker pid {dead_workers[0]} exited: {self.provider.exit_reason(cluster, dead_workers[0])}"
+            return ClusterObservation(
+                name=cluster.name, processes_alive=True, dead_workers=len(dead_workers), error=reason
+            )
         try:
             apps = await self.serve.applications(cluster.dashboard_url)
         except (RetryableServeError, PermanentServeError) as exc:

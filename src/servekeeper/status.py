@@ -276,6 +276,7 @@ class ClusterObservation:
     proxy_healthy: bool = False
     routes: frozenset[str] = frozenset()
     probes: tuple[ProbeState, ...] = ()
+    dead_workers: int = 0
     error: str | None = None
 
 

@@ -12,8 +12,10 @@ from starlette.requests import Request
 
 @serve.deployment
 class Hello:
-    def __init__(self, msg: str, ready_delay_s: float) -> None:
+    def __init__(self, msg: str, ready_delay_s: float, fail_on_start: bool = False) -> None:
         time.sleep(ready_delay_s)
+        if fail_on_start:  # a broken release: the constructor raises, the app ends DEPLOY_FAILED
+            raise RuntimeError("hello: this release fails on start")
         self.msg = msg
 
     async def __call__(self, request: Request) -> str:
@@ -22,4 +24,6 @@ class Hello:
 
 def app(args: dict) -> serve.Application:
     options = {"num_replicas": int(args.get("replicas", 1)), "ray_actor_options": {"num_cpus": 0}}
-    return Hello.options(**options).bind(str(args.get("msg", "v1")), float(args.get("ready_delay_s", 0)))
+    return Hello.options(**options).bind(
+        str(args.get("msg", "v1")), float(args.get("ready_delay_s", 0)), bool(args.get("fail_on_start", False))
+    )

@@ -58,7 +58,10 @@ def health(
     observation: ClusterObservation, declared: dict[str, str | None], include_imperative: bool = False
 ) -> Verdict:
     if not observation.processes_alive:
-        return Verdict(False, "HeadDead", "the cluster's head processes are not running")
+        detail = f": {observation.error}" if observation.error else ""
+        return Verdict(False, "HeadDead", f"the cluster's head processes are not running{detail}")
+    if observation.dead_workers:
+        return Verdict(False, "WorkerDied", observation.error or f"{observation.dead_workers} worker node(s) exited")
     if not observation.dashboard_ok or observation.apps is None:
         return Verdict(False, "DashboardUnreachable", observation.error or "the Ray dashboard does not answer")
     for name, app in sorted(judged_apps(observation.apps, declared, include_imperative).items()):

@@ -174,7 +174,10 @@ class _Planner:
         if pending.failure_reason:
             return pending.failure_reason
         if pending.head_pid is not None and not observed.processes_alive:
-            return f"HeadDied: the head of pending cluster {pending.name} exited before it was ready"
+            cause = f": {observed.error}" if observed.error else ""
+            return f"HeadDied: the head of pending cluster {pending.name} exited before it was ready{cause}"
+        if observed.dead_workers:
+            return f"WorkerDied: pending cluster {pending.name}: {observed.error}"
         if pending.applied_config_hash == self.desired_config_hash and observed.apps is not None:
             for name, app in sorted(judged_apps(observed.apps, self.declared, self.all_apps).items()):
                 if app.status in FAILED_APP_STATUSES:

@@ -35,6 +35,14 @@ class ClusterProvider(Protocol):
         """
         ...
 
+    def dead_workers(self, cluster: ClusterRecord) -> list[int]:
+        """Worker nodes that were started and are gone."""
+        ...
+
+    def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str:
+        """Why a node exited, from its log."""
+        ...
+
     def leftover_pids(self, cluster: ClusterRecord) -> list[int]:
         """Processes of the cluster still alive (for leak checks)."""
         ...

@@ -223,12 +223,12 @@ class LocalProvider:
             raise ProviderError(f"the head's GCS did not open port {cluster.ports.gcs}; see {cluster.log_dir}")
         node_index = 0
         for group in config.workerGroups:
-            for replica in range(group.replicas):
+            for _replica in range(group.replicas):
                 node_index += 1
                 if node_index <= len(cluster.worker_pids):
                     continue
                 command = worker_command(cluster, node_index, group.numCpus, group.rayStartParams)
-                log_path = Path(cluster.log_dir) / f"worker-{group.name}-{replica}.log"
+                log_path = Path(cluster.log_dir) / _worker_log_names(cluster)[node_index - 1]
                 pid = self._spawn(command, _environment(cluster, group.env, loopback_only=False), log_path)
                 cluster = cluster.with_changes(worker_pids=cluster.worker_pids + (pid,))
                 on_spawn(cluster)
@@ -237,6 +237,24 @@ class LocalProvider:
     def processes_alive(self, cluster: ClusterRecord) -> bool:
         self._reap()
         return cluster.head_pid is not None and _is_our_node(cluster.head_pid, cluster.temp_dir)
+
+    def dead_workers(self, cluster: ClusterRecord) -> list[int]:
+        """Worker raylets that were started and are gone."""
+        self._reap()
+        return [pid for pid in cluster.worker_pids if not _is_our_node(pid, cluster.temp_dir)]
+
+    def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str:
+        """The last error `ray start` logged, for a node that exited: the cause users need."""
+        log_name = "head.log"
+        if worker_pid is not None and worker_pid in cluster.worker_pids:
+            log_name = _worker_log_names(cluster)[cluster.worker_pids.index(worker_pid)]
+        try:
+            lines = (Path(cluster.log_dir) / log_name).read_text(errors="replace").splitlines()
+        except OSError:
+            return "no log"
+        meaningful = [line.strip() for line in lines if line.strip()]
+        errors = [line for line in meaningful if "Error" in line or "error" in line or "PANIC" in line]
+        return (errors or meaningful or ["empty log"])[-1][-400:]
 
     def leftover_pids(self, cluster: ClusterRecord) -> list[int]:
         sessions = tuple(pid for pid in cluster.session_ids if _session_is_ours(pid, cluster.temp_dir))
@@ -274,6 +292,12 @@ class LocalProvider:
             if not alive or loop.time() >= deadline:
                 return alive
             await asyncio.sleep(0.2)
+
+
+def _worker_log_names(cluster: ClusterRecord) -> list[str]:
+    """Log file of each worker node, in the order the nodes are started (and their pids stored)."""
+    config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+    return [f"worker-{group.name}-{replica}.log" for group in config.workerGroups for replica in range(group.replicas)]
 
 
 def _session_is_ours(session_id: int, temp_dir: str) -> bool:
