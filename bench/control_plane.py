@@ -1,10 +1,10 @@
 """Control-plane cost and scale.
 
-  real: the controller's CPU and RSS, idle and during upgrades, with 1 and 4 real services;
-  sim:  reconcile cost per tick per service on the simulated provider with a fake clock, for
-        10, 100, 1,000 and 10,000 services, and the memory they hold (plotted).
+real: the controller's CPU and RSS, idle and during upgrades, with 1 and 4 real services;
+sim:  reconcile cost per tick per service on the simulated provider with a fake clock, for
+      10, 100, 1,000 and 10,000 services, and the memory they hold (plotted).
 
-    .venv/bin/python -m bench.control_plane [--sizes 10 100 1000 10000] [--real-services 1 4]
+  .venv/bin/python -m bench.control_plane [--sizes 10 100 1000 10000] [--real-services 1 4]
 """
 
 from __future__ import annotations

@@ -118,10 +118,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sk.apply(spec(port, 1, args.ready_delay, args.replicas))
         assert sk.wait("zdt", timeout=600) == 0, "the first rollout failed"
         locust = subprocess.Popen(
-            [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(args.users),
-             "-r", str(args.spawn_rate), "--host", f"http://127.0.0.1:{port}", "--csv", str(csv_prefix),
-             "--csv-full-history", "--only-summary", "--loglevel", "WARNING"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "locust",
+                "-f",
+                str(LOCUSTFILE),
+                "--headless",
+                "-u",
+                str(args.users),
+                "-r",
+                str(args.spawn_rate),
+                "--host",
+                f"http://127.0.0.1:{port}",
+                "--csv",
+                str(csv_prefix),
+                "--csv-full-history",
+                "--only-summary",
+                "--loglevel",
+                "WARNING",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
         )
         time.sleep(args.settle)
@@ -149,8 +168,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     history = read_history(csv_prefix)
     name = f"zero_downtime-{args.gate}-{args.upgrades}x"
     if not args.no_plot:
-        plot(history, marks, f"{args.users} users, new connection per request, {args.upgrades} upgrades, "
-             f"gate={args.gate}: {totals['failures']} failed of {totals['requests']}", args.out_dir / f"{name}.png")
+        plot(
+            history,
+            marks,
+            f"{args.users} users, new connection per request, {args.upgrades} upgrades, "
+            f"gate={args.gate}: {totals['failures']} failed of {totals['requests']}",
+            args.out_dir / f"{name}.png",
+        )
     return {
         "benchmark": "zero_downtime",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
