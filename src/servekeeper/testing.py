@@ -137,15 +137,22 @@ class Servekeeper:
     def get(self, name: str) -> dict[str, Any]:
         return dict(json.loads(self.cli("get", name, "-o", "json").stdout))
 
-    def api_get(self, name: str) -> dict[str, Any]:
-        """The same view as `get -o json`, straight from the API (no CLI start-up time)."""
+    def _api(self, method: str, path: str, body: Any = None) -> Any:
         info = json.loads((self.state_dir / "api.json").read_text())
         token = (self.state_dir / "token").read_text().strip()
-        response = httpx.get(
-            f"{info['url']}/api/v1/services/{name}", headers={"Authorization": f"Bearer {token}"}, timeout=10
+        response = httpx.request(
+            method, f"{info['url']}{path}", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10
         )
         response.raise_for_status()
-        return dict(response.json())
+        return response.json()
+
+    def api_get(self, name: str) -> dict[str, Any]:
+        """The same view as `get -o json`, straight from the API (no CLI start-up time)."""
+        return dict(self._api("GET", f"/api/v1/services/{name}"))
+
+    def api_apply(self, document: dict[str, Any]) -> None:
+        """`apply` straight through the API (the document's workingDir must be absolute)."""
+        self._api("POST", "/api/v1/services", {"spec": document})
 
     def condition(self, name: str, condition_type: str) -> dict[str, Any]:
         for condition in self.get(name)["conditions"]:
@@ -205,6 +212,11 @@ class Servekeeper:
             except psutil.Error:
                 continue
         return leftovers
+
+
+def pid_alive(pid: int) -> bool:
+    """Alive and not a zombie (a zombie holds no port and runs no code)."""
+    return _alive(pid)
 
 
 def _alive(pid: int) -> bool:

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from servekeeper.providers.local import session_members
-from servekeeper.testing import Load, Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing import Load, Servekeeper, free_port, hello_spec, pid_alive, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -46,7 +46,11 @@ def test_dead_active_head_is_reported_at_once_answered_503_fast_and_replaced(sk:
         wait_until(lambda: load.result.timeline[-1][1] == "v1", 30, "service to come back")
     timeline = sorted(load.result.timeline)
     failures = [t for t, outcome in timeline if outcome != "v1"]
-    assert failures and all(o in ("HTTP 503",) for _, o in timeline if o != "v1"), set(o for _, o in timeline)
+    kinds = [outcome for _, outcome in timeline if outcome != "v1"]
+    # Requests in flight when the head died are cut (502, at most one per client); every later
+    # one is answered 503 at once until the replacement serves.
+    assert set(kinds) <= {"HTTP 502", "HTTP 503"}, set(kinds)
+    assert kinds.count("HTTP 502") <= 8
     seconds_without_service = max(failures) - min(failures)
     print(
         f"\nhead killed: Ready=False after {reported_after:.1f}s, "
@@ -57,7 +61,7 @@ def test_dead_active_head_is_reported_at_once_answered_503_fast_and_replaced(sk:
         created = [m for (m,) in db.execute("SELECT message FROM events WHERE reason = 'ClusterCreating'")]
     assert any("ActiveUnhealthy" in message for message in created), created
     assert sk.condition("phoenix", "Ready")["status"] == "True"
-    assert not psutil.pid_exists(dead["headPid"])
+    assert not pid_alive(dead["headPid"])
 
 
 def test_pending_clusters_that_cannot_come_up_fail_the_rollout_and_v1_keeps_serving(sk: Servekeeper) -> None:

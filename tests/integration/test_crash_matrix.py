@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import psutil
 import pytest
 
 from servekeeper.faults import CRASH_POINTS
 from servekeeper.ports import port_is_free
-from servekeeper.testing import Load, Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing import Load, Servekeeper, free_port, hello_spec, pid_alive, wait_until
 
 pytestmark = pytest.mark.ray
 CLIENTS = 16
@@ -45,7 +44,7 @@ def test_controller_killed_at_each_phase_of_an_upgrade(sk: Servekeeper, phase: s
     for name in {*submitted_to}:
         assert submitted_to.count(name) == 1, f"{phase}: config submitted twice to {name}: {sk.submissions()}"
     # Nothing of the old cluster is left: processes, temp dir, ports.
-    assert not psutil.pid_exists(old["head_pid"])
+    assert not pid_alive(old["head_pid"])
     assert not Path(old["temp_dir"]).exists()
     wait_until(lambda: port_is_free(old_ports(old)[0]), 10, "the old GCS port to be free")
     assert all(port_is_free(p) for p in old_ports(old))

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import httpx
-import psutil
 import pytest
 
-from servekeeper.testing import Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing import Servekeeper, free_port, hello_spec, pid_alive, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -84,7 +83,7 @@ def test_upgrade_strategy_none_reports_outdated_and_delete_stops_everything(sk: 
 
     sk.cli("delete", "frozen")
     wait_until(lambda: sk.clusters() == [], 60, "the service's clusters to be deleted")
-    wait_until(lambda: not psutil.pid_exists(cluster["head_pid"]), 10, "the head to exit")
+    wait_until(lambda: not pid_alive(cluster["head_pid"]), 10, "the head to exit")
     wait_until(
         lambda: httpx.get(f"http://127.0.0.1:{port}/").status_code != 200 if _listening(port) else True,
         10,

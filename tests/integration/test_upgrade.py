@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import psutil
 import pytest
 
-from servekeeper.testing import Load, Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing import Load, Servekeeper, free_port, hello_spec, pid_alive, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -21,7 +20,7 @@ def _first_rollout(sk: Servekeeper, name: str, port: int) -> dict:  # type: igno
 
 def _old_cluster_gone(sk: Servekeeper, old: dict) -> bool:  # type: ignore[type-arg]
     names = [c["name"] for c in sk.clusters()]
-    return old["name"] not in names and not psutil.pid_exists(old["head_pid"])
+    return old["name"] not in names and not pid_alive(old["head_pid"])
 
 
 def test_cluster_upgrade_under_load_drops_nothing(sk: Servekeeper) -> None:
@@ -45,7 +44,7 @@ def test_cluster_upgrade_under_load_drops_nothing(sk: Servekeeper) -> None:
     assert sum(1 for t, body in result.timeline if body == "v1" and t > first_v2) <= CLIENTS
     view = sk.get("upgrade")
     assert view["activeCluster"]["generation"] == 2 and view["pendingCluster"] is None
-    assert not psutil.pid_exists(old["head_pid"])
+    assert not pid_alive(old["head_pid"])
     assert "ClusterDrained" in sk.events("upgrade")
 
 
