@@ -8,7 +8,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from servekeeper.controller import Controller
@@ -31,12 +32,18 @@ def build_app(
     token: str,
     request_shutdown: Callable[[bool], Awaitable[None]],
 ) -> FastAPI:
-    app = FastAPI(title="servekeeper", version="v1alpha1")
+    app = FastAPI(title="servekeeper", version="v1alpha1", docs_url=None, redoc_url=None)
+    expected = f"Bearer {token}".encode()
 
-    def authorized(request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise HTTPException(status_code=401, detail="missing or wrong bearer token")
+    @app.middleware("http")
+    async def authorized(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        # Before routing and body validation: a caller without the token learns nothing and
+        # changes nothing. Only the OpenAPI document (public knowledge) is open.
+        if request.url.path != "/openapi.json":
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401)
+        return await call_next(request)
 
     def view(name: str) -> dict[str, Any]:
         service = store.get_service(name)
@@ -47,11 +54,11 @@ def build_app(
             service, spec.spec.ingress.port, store.list_clusters(name), controller.status_snapshot(name)
         )
 
-    @app.get("/healthz", dependencies=[Depends(authorized)])
+    @app.get("/healthz")
     def healthz() -> dict[str, Any]:
         return {"ok": True}
 
-    @app.post("/api/v1/services", dependencies=[Depends(authorized)])
+    @app.post("/api/v1/services")
     def apply(body: ApplyRequest) -> dict[str, Any]:
         try:
             spec = parse_spec(body.spec)
@@ -70,15 +77,15 @@ def build_app(
         controller.wake(spec.name)
         return {"name": service.name, "generation": service.generation, "changed": changed}
 
-    @app.get("/api/v1/services", dependencies=[Depends(authorized)])
+    @app.get("/api/v1/services")
     def list_services() -> list[dict[str, Any]]:
         return [view(service.name) for service in store.list_services()]
 
-    @app.get("/api/v1/services/{name}", dependencies=[Depends(authorized)])
+    @app.get("/api/v1/services/{name}")
     def get_service(name: str) -> dict[str, Any]:
         return view(name)
 
-    @app.delete("/api/v1/services/{name}", dependencies=[Depends(authorized)])
+    @app.delete("/api/v1/services/{name}")
     def delete_service(name: str) -> dict[str, Any]:
         service = store.get_service(name)
         if service is None:
@@ -87,11 +94,11 @@ def build_app(
         controller.wake(name)
         return {"name": name, "deleting": True}
 
-    @app.get("/api/v1/events", dependencies=[Depends(authorized)])
+    @app.get("/api/v1/events")
     def events(service: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         return [event_view(e) for e in store.list_events(service, max(1, min(limit, 1000)))]
 
-    @app.post("/api/v1/shutdown", dependencies=[Depends(authorized)])
+    @app.post("/api/v1/shutdown")
     async def shutdown(body: ShutdownRequest) -> dict[str, Any]:
         await request_shutdown(body.stopClusters)
         return {"ok": True}
