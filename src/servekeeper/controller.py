@@ -42,8 +42,9 @@ from servekeeper.store import Store
 
 logger = logging.getLogger(__name__)
 
-FAST_TICK_SECONDS = 0.5  # something is changing: poll closely (the reference polls every 2 s)
-STEADY_TICK_SECONDS = 2.0
+PENDING_TICK_SECONDS = 0.25  # a cluster is coming up: each poll saved is latency off the switch
+FAST_TICK_SECONDS = 0.5  # something else is changing (draining, deleting, not ready)
+STEADY_TICK_SECONDS = 2.0  # the reference polls every 2 s, always
 SERVICE_SCAN_SECONDS = 1.0
 
 
@@ -134,6 +135,10 @@ class Controller:
         if any(isinstance(action, act.ForgetService) for action in decision.actions):
             self.observations.pop(name, None)
             return None
+        if any(c.role == ClusterRole.PENDING for c in clusters) or any(
+            isinstance(a, act.CreateCluster) for a in decision.actions
+        ):
+            return PENDING_TICK_SECONDS
         busy = decision.actions or any(c.role != ClusterRole.ACTIVE for c in clusters)
         return FAST_TICK_SECONDS if busy or not _is_ready(decision.service) else STEADY_TICK_SECONDS
 

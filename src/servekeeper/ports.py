@@ -24,8 +24,11 @@ class PortsExhausted(RuntimeError):
 
 
 def port_is_free(port: int) -> bool:
+    """Nothing listens on it. SO_REUSEADDR: connections of a stopped server lingering in
+    TIME_WAIT do not make a port busy (the servers we start bind it that way too)."""
     for host in ("0.0.0.0", "127.0.0.1"):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((host, port))
             except OSError:
