@@ -35,17 +35,26 @@ def run_soak(upgrades: int, clients: int, ready_delay: float = 2.0) -> dict[str,
         sk.apply(hello_spec("soak", port, msg="v1", ready_delay_s=ready_delay))
         assert sk.wait("soak") == 0
         controller = psutil.Process(sk.controller_pid())
+
+        def snapshot() -> int:
+            """Remember every cluster ever seen (for the leak checks); return how many exist now."""
+            clusters = sk.clusters()
+            for cluster in clusters:
+                every_cluster[cluster["name"]] = cluster
+            return len(clusters)
+
         started = time.monotonic()
         with Load(f"http://127.0.0.1:{port}/", clients=clients) as load:
             wait_until(lambda: load.result.ok > 20, 30, "load to start")
             for version in range(2, upgrades + 2):
                 sk.apply(
-                    hello_spec("soak", port, msg=f"v{version}", head_cpus=1 + version % 2, ready_delay_s=ready_delay)
+                    hello_spec(
+                        "soak", port, msg=f"v{version}", head_cpus=1 + (version + 1) % 2, ready_delay_s=ready_delay
+                    )
                 )
-                for cluster in sk.clusters():
-                    every_cluster[cluster["name"]] = cluster
+                wait_until(lambda: snapshot() == 2, 60, "the pending cluster to appear")
                 assert sk.wait("soak", timeout=300) == 0, f"upgrade to v{version} failed"
-                wait_until(lambda: len(sk.clusters()) == 1, 120, "the old cluster to go")
+                wait_until(lambda: snapshot() == 1, 120, "the old cluster to go")
                 samples.append(
                     {
                         "upgrade": version - 1,
@@ -54,8 +63,7 @@ def run_soak(upgrades: int, clients: int, ready_delay: float = 2.0) -> dict[str,
                         "controller_fds": controller.num_fds(),
                     }
                 )
-            for cluster in sk.clusters():
-                every_cluster[cluster["name"]] = cluster
+            snapshot()
         result = load.result
     finally:
         leftovers = sk.down_and_check_nothing_left()

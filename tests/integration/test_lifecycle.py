@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
+import psutil
 import pytest
 
+from servekeeper.providers.local import session_members
 from servekeeper.testing import Servekeeper, free_port, hello_spec, pid_alive, wait_until
 
 pytestmark = pytest.mark.ray
 
 
-def test_first_apply_serves_through_the_ingress_and_reports_status(sk: Servekeeper) -> None:
+def test_first_apply_serves_through_the_ingress_and_reports_status(sk: Servekeeper, tmp_path: Path) -> None:
     port = free_port()
     sk.up()
-    sk.apply(hello_spec("hello", port, msg="v1"))
+    canary = tmp_path / "shell-was-used"
+    document = hello_spec("hello", port, msg="v1")
+    # A value a shell would execute: it must reach Ray as plain data.
+    document["spec"]["rayClusterConfig"]["head"]["env"] = {"EVIL": f"$(touch {canary}); `touch {canary}`"}
+    sk.apply(document)
     assert sk.wait("hello") == 0
+    assert not canary.exists()
 
     assert httpx.get(f"http://127.0.0.1:{port}/").text == "v1"
     view = sk.get("hello")
@@ -36,6 +45,21 @@ def test_first_apply_serves_through_the_ingress_and_reports_status(sk: Servekeep
     # The cluster's own Serve endpoint answers too, bypassing the ingress.
     assert httpx.get(active["serveUrl"] + "/").text == "v1"
     assert httpx.get(active["dashboardUrl"] + "/api/serve/applications/").status_code == 200
+    # The dashboard, the GCS and every other socket of the cluster listen on loopback only. One
+    # exception Ray does not let us configure: each Serve replica's inter-deployment gRPC server
+    # binds "[::]:0" (hard-coded in ray/serve/_private/replica.py).
+    processes = {process.pid: process for process in session_members((active["headPid"],))}
+    listening = [c for c in psutil.net_connections(kind="inet") if c.status == "LISTEN" and c.pid in processes]
+    loopback = ("127.0.0.1", "::ffff:127.0.0.1")
+    ports = {c.laddr.port for c in listening if c.laddr.ip in loopback}
+    assert int(active["address"].split(":")[1]) in ports
+    assert int(active["dashboardUrl"].rsplit(":", 1)[1]) in ports
+    exposed = [
+        (c.laddr.ip, c.laddr.port, processes[c.pid].name())
+        for c in listening
+        if c.laddr.ip not in loopback and not processes[c.pid].name().startswith("ray::ServeReplica")
+    ]
+    assert exposed == [], f"cluster sockets not on loopback: {exposed}"
     # Human-readable commands work on the same state.
     described = sk.cli("describe", "hello").stdout
     assert "Ready" in described and "hello" in described and "TrafficSwitched" in described

@@ -31,7 +31,8 @@ def test_no_request_causes_a_server_error(case: schemathesis.Case) -> None:
 
 LOCKED_STORE = Store(Path(tempfile.mkdtemp(prefix="skfuzz-")) / "store.db")
 LOCKED = schemathesis.openapi.from_asgi(
-    "/openapi.json", build_app(FakeController(), LOCKED_STORE, TOKEN, _no_shutdown)  # type: ignore[arg-type]
+    "/openapi.json",
+    build_app(FakeController(), LOCKED_STORE, TOKEN, _no_shutdown),  # type: ignore[arg-type]
 )
 
 
