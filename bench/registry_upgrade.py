@@ -13,19 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench.loadgen import exit_cleanly_on_sigterm
-from servekeeper.testing import Load, Servekeeper, free_port, model_urls, registry_spec, wait_until
+from servekeeper.testing import Load, Servekeeper, free_port, model_urls, models_answer, registry_spec, wait_until
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def _models_answer(port: int) -> bool:
-    try:
-        return all(httpx.get(url, timeout=10).status_code == 200 for url in model_urls(port))
-    except httpx.HTTPError:
-        return False
 
 
 def run_case(probes: bool, clients: int) -> dict[str, Any]:
@@ -35,7 +26,7 @@ def run_case(probes: bool, clients: int) -> dict[str, Any]:
         sk.up()
         sk.apply(registry_spec(port, probes=probes))
         assert sk.wait("registry") == 0
-        wait_until(lambda: _models_answer(port), 120, "every model to answer")
+        wait_until(lambda: models_answer(port), 120, "every model to answer")
         with Load(model_urls(port), clients=clients) as load:
             wait_until(lambda: load.result.ok > 50, 30, "load to start")
             applied = time.time()

@@ -86,6 +86,14 @@ def model_urls(port: int) -> list[str]:
     return [f"http://127.0.0.1:{port}/router/models/{name}?x=1,2,3" for name in MODELS]
 
 
+def models_answer(port: int) -> bool:
+    """Every model of the registry example answers through the ingress."""
+    try:
+        return all(httpx.get(url, timeout=10).status_code == 200 for url in model_urls(port))
+    except httpx.HTTPError:
+        return False  # a model app that does not exist yet can hold a request
+
+
 class Servekeeper:
     """One state dir, its daemon, and helpers to look inside it."""
 

@@ -15,6 +15,7 @@ from servekeeper.testing import (
     free_port,
     hello_spec,
     model_urls,
+    models_answer,
     registry_spec,
     wait_until,
 )
@@ -81,19 +82,12 @@ def test_controller_kill9_then_in_place_change_leaves_run_time_apps_untouched(sk
     assert len(sk.submissions()) == 2, "only the first config and the change were submitted"
 
 
-def _all_models_answer(port: int) -> bool:
-    try:
-        return all(httpx.get(url, timeout=10).status_code == 200 for url in model_urls(port))
-    except httpx.HTTPError:
-        return False  # a model app that does not exist yet can hold a request
-
-
 def _upgrade_under_load(sk: Servekeeper, probes: bool) -> Load:
     port = free_port()
     sk.up()
     sk.apply(registry_spec(port, probes=probes))
     assert sk.wait("registry") == 0
-    wait_until(lambda: _all_models_answer(port), 90, "every model to answer")
+    wait_until(lambda: models_answer(port), 90, "every model to answer")
     with Load(model_urls(port), clients=CLIENTS) as load:
         wait_until(lambda: load.result.ok > 50, 30, "load to start")
         sk.apply(registry_spec(port, version="v2", cpus=2, probes=probes))

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from servekeeper.ingress.proxy import Ingress
 from servekeeper.ports import PortAllocator
+from tests.unit.http_stub import serve_everything
 
 
 async def start_upstream(name: str, gate: asyncio.Event | None = None) -> tuple[web.AppRunner, str]:
@@ -32,13 +33,7 @@ async def start_upstream(name: str, gate: asyncio.Event | None = None) -> tuple[
             }
         )
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = PortAllocator().one()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve_everything(answer)
 
 
 @pytest.fixture

@@ -11,19 +11,14 @@ from servekeeper.ports import PortAllocator
 from servekeeper.serve_api import PermanentServeError, RetryableServeError, ServeClient
 from servekeeper.spec import parse_spec
 from servekeeper.status import ClusterPorts, ClusterRecord, ClusterRole, NodePorts
+from tests.unit.http_stub import serve_everything
 
 
 async def dashboard(status: int, body: str) -> tuple[web.AppRunner, str]:
     async def answer(request: web.Request) -> web.Response:
         return web.Response(status=status, text=body, content_type="application/json")
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = PortAllocator().one()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve_everything(answer)
 
 
 @pytest.mark.parametrize(

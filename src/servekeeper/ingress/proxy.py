@@ -9,6 +9,7 @@ when nothing is reachable. A small control API (loopback, token) sets its routes
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -40,6 +41,19 @@ SMALL_BODY = 256 * 1024  # read responses this small whole: cheaper than chunked
 UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=2, sock_read=None)
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 SHUTDOWN_GRACE_SECONDS = 10.0
+
+
+def token_middleware(token: str):  # type: ignore[no-untyped-def]
+    """Every control call must carry the bearer token, compared in constant time."""
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def require_token(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return await handler(request)
+
+    return require_token
 
 
 @dataclass
@@ -227,13 +241,7 @@ class Ingress:
     # -- control API ---------------------------------------------------------------------
 
     def control_app(self) -> web.Application:
-        @web.middleware
-        async def require_token(request: web.Request, handler):  # type: ignore[no-untyped-def]
-            if request.headers.get("Authorization") != f"Bearer {self.token}":
-                return web.json_response({"error": "unauthorized"}, status=401)
-            return await handler(request)
-
-        app = web.Application(middlewares=[require_token])
+        app = web.Application(middlewares=[token_middleware(self.token)])
         app.router.add_get("/healthz", self._control_health)
         app.router.add_get("/routes", self._control_routes)
         app.router.add_put("/routes/{service}", self._control_put)

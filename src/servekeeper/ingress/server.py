@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from servekeeper.ingress.proxy import SHUTDOWN_GRACE_SECONDS, Ingress
+from servekeeper.ingress.proxy import SHUTDOWN_GRACE_SECONDS, Ingress, token_middleware
 from servekeeper.ports import PortAllocator
 
 logger = logging.getLogger("servekeeper.ingress")
@@ -146,13 +146,7 @@ class Supervisor:
     # -- control API ---------------------------------------------------------------------
 
     def control_app(self) -> web.Application:
-        @web.middleware
-        async def require_token(request: web.Request, handler):  # type: ignore[no-untyped-def]
-            if request.headers.get("Authorization") != f"Bearer {self.token}":
-                return web.json_response({"error": "unauthorized"}, status=401)
-            return await handler(request)
-
-        app = web.Application(middlewares=[require_token])
+        app = web.Application(middlewares=[token_middleware(self.token)])
         app.router.add_get("/healthz", self._health)
         app.router.add_get("/workers", self._workers)
         app.router.add_get("/routes", self._get_routes)
