@@ -157,6 +157,10 @@ def test_killing_one_worker_loses_exactly_its_in_flight_requests_and_it_restarts
 
     in_flight_on_victim, restart_seconds = asyncio.run(scenario())
     lost = [o for o in outcomes if o != "ok"]
+    print(
+        f"\nworker killed with {in_flight_on_victim} requests in flight: {len(lost)} lost, "
+        f"replaced and serving after {restart_seconds:.2f}s"
+    )
     assert len(lost) == in_flight_on_victim, f"lost {lost}, the worker had {in_flight_on_victim} in flight"
     assert restart_seconds < 1.0
     assert outcomes.count("ok") > 24
