@@ -7,18 +7,23 @@ its message is kept verbatim for the service's status).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import aiohttp
 
 from servekeeper.core.health import parse_applications
+from servekeeper.package import Package
 from servekeeper.status import AppState
 
 APPLICATIONS_PATH = "/api/serve/applications/"
 STATUS_TIMEOUT = aiohttp.ClientTimeout(total=3, sock_connect=1)
 PUT_TIMEOUT = aiohttp.ClientTimeout(total=30, sock_connect=2)
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2, sock_connect=1)
+# Ray's job SDK uses the same endpoint for `gcs://_ray_pkg_<hash>.zip` working dirs (job_head.py).
+PACKAGES_PATH = "/api/packages/gcs/"
+UPLOAD_TIMEOUT = aiohttp.ClientTimeout(total=300, sock_connect=2)
 
 
 class ServeAPIError(RuntimeError):
@@ -36,6 +41,14 @@ class PermanentServeError(ServeAPIError):
         self.status = status
         self.body = body
         super().__init__(f"Ray rejected the Serve config (HTTP {status}): {body}")
+
+
+class PermanentPackageError(PermanentServeError):
+    """The dashboard refused a package upload (e.g. 413: larger than its 100 MiB request limit)."""
+
+    def __init__(self, status: int, body: str, package_name: str) -> None:
+        super().__init__(status, body)
+        self.args = (f"Ray refused package {package_name} (HTTP {status}): {body}",)
 
 
 class ServeClient:
@@ -84,3 +97,32 @@ class ServeClient:
             return frozenset(json.loads(body).keys())
         except (RetryableServeError, ValueError, AttributeError):
             return frozenset()
+
+    async def ensure_package(self, dashboard_url: str, package: Package) -> bool:
+        """Upload the package to the cluster's GCS unless it is there already; True if uploaded.
+
+        The GET comes first even when uploading: Ray's handler pins the URI for a while
+        (`pin_runtime_env_uri`, RAY_RUNTIME_ENV_URI_PIN_EXPIRATION_S, default 600 s), so the
+        package is not garbage-collected before the Serve config that references it arrives.
+        """
+        url = dashboard_url + PACKAGES_PATH + package.package_name
+        status, body = await self._request("GET", url, STATUS_TIMEOUT)
+        if status == 200:
+            return False
+        if status != 404:
+            self._raise_package_error("GET", package, status, body)
+        data = await asyncio.to_thread(package.path.read_bytes)
+        try:
+            async with self._session.put(url, data=data, timeout=UPLOAD_TIMEOUT) as response:
+                status, body = response.status, await response.text()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise RetryableServeError(f"PUT {url} failed: {exc!r}") from exc
+        if status != 200:
+            self._raise_package_error("PUT", package, status, body)
+        return True
+
+    @staticmethod
+    def _raise_package_error(method: str, package: Package, status: int, body: str) -> None:
+        if status >= 500:
+            raise RetryableServeError(f"{method} package {package.package_name} answered {status}: {body[:500]}")
+        raise PermanentPackageError(status, body[:2000], package.package_name)

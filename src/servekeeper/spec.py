@@ -109,11 +109,21 @@ class WorkerGroupSpec(HeadGroupSpec):
 
 class RayClusterConfigSpec(_Strict):
     workingDir: str | None = None
+    # Gitignore-style patterns left out of the workingDir package, like a .servekeeperignore file.
+    excludes: list[str] = Field(default_factory=list, max_length=1000)
     head: HeadGroupSpec = Field(default_factory=HeadGroupSpec)
     workerGroups: list[WorkerGroupSpec] = Field(default_factory=list)
 
     def worker_count(self) -> int:
         return sum(group.replicas for group in self.workerGroups)
+
+    @field_validator("excludes")
+    @classmethod
+    def _excludes_are_single_lines(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            if any(ch in pattern for ch in "\x00\n\r"):
+                raise ValueError(f"excludes pattern {pattern!r} contains a NUL or line break")
+        return patterns
 
     @model_validator(mode="after")
     def _unique_worker_groups(self) -> RayClusterConfigSpec:

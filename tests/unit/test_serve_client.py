@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aiohttp
 import pytest
 from aiohttp import web
 
 from servekeeper.core.serve_config import build_serve_config
+from servekeeper.package import Package, build_package
 from servekeeper.ports import PortAllocator
 from servekeeper.serve_api import PermanentServeError, RetryableServeError, ServeClient
 from servekeeper.spec import parse_spec
@@ -94,3 +97,86 @@ def test_serve_config_gets_owned_ports_head_only_proxy_and_local_working_dir() -
     assert document["proxy_location"] == "HeadOnly"
     assert document["applications"][0]["runtime_env"] == {"working_dir": "local:///srv/app"}
     assert document["applications"][1]["runtime_env"] == {"working_dir": "s3://bucket/b.zip", "pip": ["x"]}
+
+
+def built_package(tmp_path: Path) -> Package:
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "hello.py").write_text("app = None\n")
+    return build_package(tmp_path / "app", tmp_path / "packages")
+
+
+async def package_dashboard(
+    exists: bool, put_status: int = 200
+) -> tuple[web.AppRunner, str, list[tuple[str, str, bytes]]]:
+    """A dashboard's package endpoint: GET answers 200/404, PUT stores the body (as job_head.py)."""
+    seen: list[tuple[str, str, bytes]] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append((request.method, request.path, await request.read()))
+        if request.method == "GET":
+            return web.Response(status=200 if exists else 404, text="" if exists else "Package does not exist")
+        return web.Response(status=put_status, text="Traceback: GCS unavailable" if put_status != 200 else "")
+
+    runner, url = await serve_everything(answer)
+    return runner, url, seen
+
+
+async def test_ensure_package_uploads_a_missing_package(tmp_path: Path) -> None:
+    package = built_package(tmp_path)
+    runner, url, seen = await package_dashboard(exists=False)
+    async with aiohttp.ClientSession() as session:
+        assert await ServeClient(session).ensure_package(url, package) is True
+    path = f"/api/packages/gcs/_ray_pkg_{package.hash}.zip"
+    assert seen == [("GET", path, b""), ("PUT", path, package.path.read_bytes())]
+    await runner.cleanup()
+
+
+async def test_ensure_package_skips_a_present_package(tmp_path: Path) -> None:
+    package = built_package(tmp_path)
+    runner, url, seen = await package_dashboard(exists=True)
+    async with aiohttp.ClientSession() as session:
+        assert await ServeClient(session).ensure_package(url, package) is False
+    assert [method for method, _, _ in seen] == ["GET"]
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("put_status", "error"),
+    [
+        pytest.param(500, RetryableServeError, id="5xx-retryable"),
+        pytest.param(413, PermanentServeError, id="413-too-large-permanent"),
+        pytest.param(400, PermanentServeError, id="4xx-permanent"),
+    ],
+)
+async def test_ensure_package_upload_errors_are_split(tmp_path: Path, put_status: int, error: type[Exception]) -> None:
+    package = built_package(tmp_path)
+    runner, url, _ = await package_dashboard(exists=False, put_status=put_status)
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(error) as caught:
+            await ServeClient(session).ensure_package(url, package)
+    assert package.package_name in str(caught.value) and str(put_status) in str(caught.value)
+    if isinstance(caught.value, PermanentServeError):
+        assert caught.value.status == put_status and "GCS unavailable" in caught.value.body
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("get_status", "error"),
+    [pytest.param(503, RetryableServeError, id="5xx"), pytest.param(401, PermanentServeError, id="401")],
+)
+async def test_ensure_package_existence_check_errors_are_split(
+    tmp_path: Path, get_status: int, error: type[Exception]
+) -> None:
+    package = built_package(tmp_path)
+    runner, url = await dashboard(get_status, "no")
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(error):
+            await ServeClient(session).ensure_package(url, package)
+    await runner.cleanup()
+
+
+async def test_ensure_package_unreachable_dashboard_is_retryable(tmp_path: Path) -> None:
+    package = built_package(tmp_path)
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(RetryableServeError):
+            await ServeClient(session).ensure_package(f"http://127.0.0.1:{PortAllocator().one()}", package)
