@@ -1,5 +1,11 @@
 """The daemon's HTTP API (loopback, bearer token), used by the CLI. FastAPI gives the OpenAPI
-document for free, which is also what the API fuzz run reads."""
+document for free, which is also what the API fuzz run reads.
+
+Every handler is `async def`, so it runs on the event loop that uvicorn shares with the
+controller (see daemon.py), never in a worker thread: `controller.wake()` sets an
+`asyncio.Event`, which is only safe on its own loop, and a handler's reads and writes cannot
+interleave with another handler's or with a controller tick (none of them awaits in between).
+The store calls are short SQLite transactions, so running them on the loop is fine."""
 
 from __future__ import annotations
 
@@ -55,11 +61,11 @@ def build_app(
         )
 
     @app.get("/healthz")
-    def healthz() -> dict[str, Any]:
+    async def healthz() -> dict[str, Any]:
         return {"ok": True}
 
     @app.post("/api/v1/services")
-    def apply(body: ApplyRequest) -> dict[str, Any]:
+    async def apply(body: ApplyRequest) -> dict[str, Any]:
         try:
             spec = parse_spec(body.spec)
         except SpecError as exc:
@@ -78,24 +84,22 @@ def build_app(
         return {"name": service.name, "generation": service.generation, "changed": changed}
 
     @app.get("/api/v1/services")
-    def list_services() -> list[dict[str, Any]]:
+    async def list_services() -> list[dict[str, Any]]:
         return [view(service.name) for service in store.list_services()]
 
     @app.get("/api/v1/services/{name}")
-    def get_service(name: str) -> dict[str, Any]:
+    async def get_service(name: str) -> dict[str, Any]:
         return view(name)
 
     @app.delete("/api/v1/services/{name}")
-    def delete_service(name: str) -> dict[str, Any]:
-        service = store.get_service(name)
-        if service is None:
+    async def delete_service(name: str) -> dict[str, Any]:
+        if store.mark_deleting(name) is None:
             raise HTTPException(status_code=404, detail=f"service {name!r} not found")
-        store.put_service(service.with_changes(deleting=True))
         controller.wake(name)
         return {"name": name, "deleting": True}
 
     @app.get("/api/v1/events")
-    def events(service: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    async def events(service: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         return [event_view(e) for e in store.list_events(service, max(1, min(limit, 1000)))]
 
     @app.post("/api/v1/shutdown")

@@ -155,6 +155,7 @@ class ClusterRecord:
     ready_at: float | None = None
     drain_started_at: float | None = None
     failure_reason: str | None = None
+    package_hash: str | None = None
 
     def with_changes(self, **changes: Any) -> ClusterRecord:
         return replace(self, **changes)
@@ -217,6 +218,7 @@ class ServiceRecord:
     failure_reason: str | None = None
     conditions: tuple[Condition, ...] = ()
     created_at: float = 0.0
+    package_hash: str | None = None
 
     def with_changes(self, **changes: Any) -> ServiceRecord:
         return replace(self, **changes)

@@ -2,12 +2,19 @@
 
 Schema changes are explicit, numbered migrations tracked in `PRAGMA user_version`. Nothing
 happens at import time; rows are plain values and JSON, never pickles.
+
+Any thread may use a Store: each thread gets its own connection, and SQLite's file locking
+does the rest (WAL lets readers run beside the one writer; `busy_timeout` makes a writer wait
+for the lock instead of failing). Every write is one `BEGIN IMMEDIATE` transaction, which takes
+the write lock before its first read, so a read-modify-write (`apply_spec`, `mark_deleting`,
+`persist_status`, `update_cluster`) is atomic against every other thread and process.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,38 +85,91 @@ MIGRATIONS: list[str] = [
         time REAL NOT NULL
     );
     """,
+    # 3: the hash of the code package a spec points at: a code-only change is a new generation
+    """
+    ALTER TABLE services ADD COLUMN package_hash TEXT;
+    ALTER TABLE clusters ADD COLUMN package_hash TEXT;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
 EVENTS_KEPT_PER_SERVICE = 500
+BUSY_TIMEOUT_MS = 10_000
+
+# The fields of a service row that only the controller writes (the API owns the spec, the
+# generation and the deleting flag). `persist_status` writes these and nothing else.
+CONTROLLER_OWNED_FIELDS = frozenset(
+    {"observed_generation", "unhealthy_since", "failed_generation", "failure_reason", "conditions"}
+)
 
 
 class StoreError(RuntimeError):
-    """The store cannot be used (corrupt, unreadable, or from a newer servekeeper)."""
+    """The store cannot be used (corrupt, unreadable, closed, or from a newer servekeeper)."""
+
+
+class _ThreadState(threading.local):
+    db: sqlite3.Connection | None = None
+    transaction_depth: int = 0
 
 
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._thread = _ThreadState()
+        # Every connection opened, by owning thread, so close() can close them all.
+        self._connections: dict[threading.Thread, sqlite3.Connection] = {}
+        self._connections_lock = threading.Lock()
+        self._closed = False
         try:
-            self._db = sqlite3.connect(str(path), timeout=10, isolation_level=None, check_same_thread=False)
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            check = self._db.execute("PRAGMA quick_check").fetchone()[0]
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"the store {path} is unreadable or corrupt: {exc}; nothing was changed") from exc
-        if check != "ok":
-            raise StoreError(f"the store {path} failed its integrity check ({check}); nothing was changed")
-        self._migrate()
+            try:
+                db = self._connection()
+                db.execute("PRAGMA journal_mode=WAL")  # persistent: set once, in the file
+                check = db.execute("PRAGMA quick_check").fetchone()[0]
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"the store {path} is unreadable or corrupt: {exc}; nothing was changed") from exc
+            if check != "ok":
+                raise StoreError(f"the store {path} failed its integrity check ({check}); nothing was changed")
+            self._migrate()
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
-        self._db.close()
+        """Close every connection this store opened, on every thread. Call it once nothing
+        else uses the store; any later call raises StoreError."""
+        with self._connections_lock:
+            self._closed = True
+            connections = list(self._connections.values())
+            self._connections.clear()
+        for db in connections:
+            db.close()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StoreError(f"the store {self.path} is closed")
+        db = self._thread.db
+        if db is None:
+            with self._connections_lock:
+                if self._closed:
+                    raise StoreError(f"the store {self.path} is closed")
+                self._close_connections_of_finished_threads()
+                db = _connect(self.path)
+                self._connections[threading.current_thread()] = db
+            self._thread.db = db
+        return db
+
+    def _close_connections_of_finished_threads(self) -> None:
+        # A finished thread can no longer be using its connection; without this, a caller
+        # that makes short-lived threads would leak one connection per thread.
+        for thread in [t for t in self._connections if not t.is_alive()]:
+            self._connections.pop(thread).close()
+
+    def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        return self._connection().execute(sql, params).fetchall()
 
     @property
     def schema_version(self) -> int:
-        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        return int(self._read("PRAGMA user_version")[0][0])
 
     def _migrate(self) -> None:
         version = self.schema_version
@@ -118,47 +178,113 @@ class Store:
                 f"the store {self.path} has schema version {version}, newer than this servekeeper "
                 f"understands ({SCHEMA_VERSION}); upgrade servekeeper"
             )
-        for number in range(version, SCHEMA_VERSION):
-            with self.transaction() as db:
-                db.executescript_in_tx(MIGRATIONS[number])
-                db.execute(f"PRAGMA user_version = {number + 1}")
+        while version < SCHEMA_VERSION:
+            with self.transaction() as tx:
+                # Read again under the write lock: another process may have just migrated.
+                version = tx.schema_version()
+                if version < SCHEMA_VERSION:
+                    tx.executescript_in_tx(MIGRATIONS[version])
+                    tx.execute(f"PRAGMA user_version = {version + 1}")
+                    version += 1
 
     @contextmanager
     def transaction(self) -> Iterator[_Tx]:
-        self._db.execute("BEGIN IMMEDIATE")
+        """One write transaction on this thread's connection. `BEGIN IMMEDIATE` takes the
+        write lock first, so whatever the block reads through the `_Tx` stays true until it
+        commits. Used again inside a transaction on the same thread, it is a savepoint. Never
+        `await` inside: coroutines on one loop share the thread, and so its transaction."""
+        db = self._connection()
+        state = self._thread
+        if state.transaction_depth > 0:
+            db.execute("SAVEPOINT nested")
+            state.transaction_depth += 1
+            try:
+                yield _Tx(db)
+            except BaseException:
+                db.execute("ROLLBACK TO nested")
+                db.execute("RELEASE nested")
+                raise
+            finally:
+                state.transaction_depth -= 1
+            db.execute("RELEASE nested")
+            return
+        if db.in_transaction:  # left open by a failed COMMIT: never build on it
+            db.execute("ROLLBACK")
+        db.execute("BEGIN IMMEDIATE")
+        state.transaction_depth = 1
         try:
-            yield _Tx(self._db)
+            yield _Tx(db)
+            db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        finally:
+            state.transaction_depth = 0
 
     # -- services ------------------------------------------------------------------------
 
     def get_service(self, name: str) -> ServiceRecord | None:
-        row = self._db.execute("SELECT * FROM services WHERE name = ?", (name,)).fetchone()
-        return _service_from_row(row) if row else None
+        return _select_service(self._connection(), name)
 
     def list_services(self) -> list[ServiceRecord]:
-        rows = self._db.execute("SELECT * FROM services ORDER BY name").fetchall()
-        return [_service_from_row(row) for row in rows]
+        return [_service_from_row(row) for row in self._read("SELECT * FROM services ORDER BY name")]
 
     def put_service(self, service: ServiceRecord) -> None:
         with self.transaction() as tx:
             tx.put_service(service)
 
-    def apply_spec(self, name: str, spec_json: str, now: float) -> tuple[ServiceRecord, bool]:
-        """Store a new desired spec. The generation moves only when the spec changed."""
+    def apply_spec(
+        self, name: str, spec_json: str, now: float, package_hash: str | None = None
+    ) -> tuple[ServiceRecord, bool]:
+        """Store a new desired spec. The generation moves only when the spec or the code
+        package changed (or the service was being deleted): a code-only change is a new
+        generation too. Returns the stored record and whether anything was written."""
         with self.transaction() as tx:
-            current = self.get_service(name)
+            current = tx.get_service(name)
             if current is None:
-                service = ServiceRecord(name=name, spec_json=spec_json, generation=1, created_at=now)
-            elif current.spec_json == spec_json and not current.deleting:
+                service = ServiceRecord(
+                    name=name, spec_json=spec_json, generation=1, created_at=now, package_hash=package_hash
+                )
+            elif current.spec_json == spec_json and current.package_hash == package_hash and not current.deleting:
                 return current, False
             else:
-                service = current.with_changes(spec_json=spec_json, generation=current.generation + 1, deleting=False)
+                service = current.with_changes(
+                    spec_json=spec_json, generation=current.generation + 1, deleting=False, package_hash=package_hash
+                )
             tx.put_service(service)
         return service, True
+
+    def mark_deleting(self, name: str) -> ServiceRecord | None:
+        """Set the deleting flag and nothing else. None if there is no such service."""
+        with self.transaction() as tx:
+            current = tx.get_service(name)
+            if current is None or current.deleting:
+                return current
+            tx.execute("UPDATE services SET deleting = 1 WHERE name = ?", (name,))
+        return current.with_changes(deleting=True)
+
+    def persist_status(
+        self, name: str, expected_generation: int, expected_deleting: bool, **controller_owned_fields: Any
+    ) -> bool:
+        """Compare-and-set of the controller-owned fields (CONTROLLER_OWNED_FIELDS): written
+        only if the row still has `expected_generation` and `expected_deleting` (the API may
+        have stored a new spec or a delete since the caller read it, and that must win) and
+        only if a value changed. Returns whether it wrote."""
+        unknown = set(controller_owned_fields) - CONTROLLER_OWNED_FIELDS
+        if unknown:
+            raise TypeError(f"persist_status writes only {sorted(CONTROLLER_OWNED_FIELDS)}, not {sorted(unknown)}")
+        if "conditions" in controller_owned_fields:
+            controller_owned_fields["conditions"] = tuple(controller_owned_fields["conditions"])
+        with self.transaction() as tx:
+            current = tx.get_service(name)
+            if current is None or current.generation != expected_generation or current.deleting != expected_deleting:
+                return False
+            updated = current.with_changes(**controller_owned_fields)
+            if updated == current:
+                return False
+            tx.update_status(updated)
+        return True
 
     def delete_service_row(self, name: str) -> None:
         with self.transaction() as tx:
@@ -168,16 +294,13 @@ class Store:
 
     def list_clusters(self, service: str | None = None) -> list[ClusterRecord]:
         if service is None:
-            rows = self._db.execute("SELECT * FROM clusters ORDER BY created_at, name").fetchall()
+            rows = self._read("SELECT * FROM clusters ORDER BY created_at, name")
         else:
-            rows = self._db.execute(
-                "SELECT * FROM clusters WHERE service = ? ORDER BY created_at, name", (service,)
-            ).fetchall()
+            rows = self._read("SELECT * FROM clusters WHERE service = ? ORDER BY created_at, name", (service,))
         return [_cluster_from_row(row) for row in rows]
 
     def get_cluster(self, name: str) -> ClusterRecord | None:
-        row = self._db.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
-        return _cluster_from_row(row) if row else None
+        return _select_cluster(self._connection(), name)
 
     def put_cluster(self, cluster: ClusterRecord) -> None:
         with self.transaction() as tx:
@@ -185,7 +308,7 @@ class Store:
 
     def update_cluster(self, name: str, **changes: Any) -> ClusterRecord:
         with self.transaction() as tx:
-            current = self.get_cluster(name)
+            current = tx.get_cluster(name)
             if current is None:
                 raise KeyError(name)
             updated = current.with_changes(**changes)
@@ -216,11 +339,9 @@ class Store:
 
     def list_events(self, service: str | None = None, limit: int = 100) -> list[Event]:
         if service is None:
-            rows = self._db.execute("SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+            rows = self._read("SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,))
         else:
-            rows = self._db.execute(
-                "SELECT * FROM events WHERE service = ? ORDER BY id DESC LIMIT ?", (service, limit)
-            ).fetchall()
+            rows = self._read("SELECT * FROM events WHERE service = ? ORDER BY id DESC LIMIT ?", (service, limit))
         return [
             Event(service=r["service"], time=r["time"], type=r["type"], reason=r["reason"], message=r["message"])
             for r in reversed(rows)
@@ -234,12 +355,12 @@ class Store:
             )
 
     def list_submissions(self) -> list[tuple[str, str, float]]:
-        rows = self._db.execute("SELECT cluster, config_hash, time FROM submissions ORDER BY id").fetchall()
+        rows = self._read("SELECT cluster, config_hash, time FROM submissions ORDER BY id")
         return [(r["cluster"], r["config_hash"], r["time"]) for r in rows]
 
     def get_fact(self, key: str) -> Any:
-        row = self._db.execute("SELECT value_json FROM facts WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else None
+        rows = self._read("SELECT value_json FROM facts WHERE key = ?", (key,))
+        return json.loads(rows[0][0]) if rows else None
 
     def set_fact(self, key: str, value: Any) -> None:
         with self.transaction() as tx:
@@ -251,7 +372,7 @@ class Store:
 
 
 class _Tx:
-    """Writes inside one transaction."""
+    """Reads and writes inside one transaction."""
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
@@ -265,11 +386,20 @@ class _Tx:
             if statement.strip():
                 self._db.execute(statement)
 
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def get_service(self, name: str) -> ServiceRecord | None:
+        return _select_service(self._db, name)
+
+    def get_cluster(self, name: str) -> ClusterRecord | None:
+        return _select_cluster(self._db, name)
+
     def put_service(self, s: ServiceRecord) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO services (name, spec_json, generation, observed_generation, deleting, "
-            "unhealthy_since, failed_generation, failure_reason, conditions_json, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "unhealthy_since, failed_generation, failure_reason, conditions_json, created_at, package_hash) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 s.name,
                 s.spec_json,
@@ -281,6 +411,22 @@ class _Tx:
                 s.failure_reason,
                 s.conditions_json(),
                 s.created_at,
+                s.package_hash,
+            ),
+        )
+
+    def update_status(self, s: ServiceRecord) -> None:
+        """Write the controller-owned fields of `s` only; the rest of the row stays as stored."""
+        self._db.execute(
+            "UPDATE services SET observed_generation = ?, unhealthy_since = ?, failed_generation = ?, "
+            "failure_reason = ?, conditions_json = ? WHERE name = ?",
+            (
+                s.observed_generation,
+                s.unhealthy_since,
+                s.failed_generation,
+                s.failure_reason,
+                s.conditions_json(),
+                s.name,
             ),
         )
 
@@ -289,7 +435,7 @@ class _Tx:
             "INSERT OR REPLACE INTO clusters (name, service, generation, cluster_spec_hash, cluster_spec_json, "
             "role, ports_json, temp_dir, log_dir, created_at, head_pid, worker_pids_json, "
             "submitted_config_hash, applied_config_hash, config_submitted_at, ready_at, drain_started_at, "
-            "failure_reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "failure_reason, package_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 c.name,
                 c.service,
@@ -309,8 +455,34 @@ class _Tx:
                 c.ready_at,
                 c.drain_started_at,
                 c.failure_reason,
+                c.package_hash,
             ),
         )
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # check_same_thread=False only so that close() may close another thread's connection;
+    # otherwise each connection is used by the one thread that opened it.
+    db = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
+    try:
+        db.row_factory = sqlite3.Row
+        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA foreign_keys=ON")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _select_service(db: sqlite3.Connection, name: str) -> ServiceRecord | None:
+    row = db.execute("SELECT * FROM services WHERE name = ?", (name,)).fetchone()
+    return _service_from_row(row) if row else None
+
+
+def _select_cluster(db: sqlite3.Connection, name: str) -> ClusterRecord | None:
+    row = db.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
+    return _cluster_from_row(row) if row else None
 
 
 def _service_from_row(row: sqlite3.Row) -> ServiceRecord:
@@ -325,6 +497,7 @@ def _service_from_row(row: sqlite3.Row) -> ServiceRecord:
         failure_reason=row["failure_reason"],
         conditions=tuple(Condition.from_json(c) for c in json.loads(row["conditions_json"])),
         created_at=row["created_at"],
+        package_hash=row["package_hash"],
     )
 
 
@@ -348,4 +521,5 @@ def _cluster_from_row(row: sqlite3.Row) -> ClusterRecord:
         ready_at=row["ready_at"],
         drain_started_at=row["drain_started_at"],
         failure_reason=row["failure_reason"],
+        package_hash=row["package_hash"],
     )

@@ -117,3 +117,14 @@ def test_malformed_bodies_are_4xx_never_5xx(client: TestClient, store: Store, bo
     response = client.post("/api/v1/services", json=body, headers=AUTH)
     assert 400 <= response.status_code < 500
     assert store.list_services() == []
+
+
+def test_delete_sets_only_the_flag_and_is_idempotent(client: TestClient, store: Store) -> None:
+    client.post("/api/v1/services", json={"spec": SPEC}, headers=AUTH)
+    assert store.persist_status("hello", 1, False, observed_generation=1, failure_reason="kept")
+    before = store.get_service("hello")
+    for _ in range(2):
+        response = client.delete("/api/v1/services/hello", headers=AUTH)
+        assert response.status_code == 200 and response.json() == {"name": "hello", "deleting": True}
+    assert store.get_service("hello") == before.with_changes(deleting=True)  # type: ignore[union-attr]
+    assert client.delete("/api/v1/services/nope", headers=AUTH).status_code == 404
