@@ -1,0 +1,142 @@
+"""Reading one Envoy process through its admin interface, and the pure parsers of its answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from servekeeper.dataplane.model import DataPlaneError
+from servekeeper.dataplane.render import backend_of
+
+ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=3, sock_connect=1)
+# Only cluster stats of ours; the histogram buckets come along for latency figures.
+STATS_QUERY = "/stats?format=json&histogram_buckets=cumulative&filter=^cluster\\.(http|grpc)-"
+
+
+@dataclass(frozen=True)
+class ProcessConfig:
+    """What one process has applied, from its /config_dump."""
+
+    cds_version: str | None = None
+    lds_version: str | None = None
+    active_clusters: frozenset[str] = frozenset()
+    warming_clusters: frozenset[str] = frozenset()
+    active_listeners: frozenset[str] = frozenset()
+    warming_listeners: frozenset[str] = frozenset()
+    listener_errors: Mapping[str, str] = field(default_factory=dict)
+    route_versions: Mapping[str, str] = field(default_factory=dict)  # route config name -> version
+    route_weights: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # name -> cluster -> weight
+
+
+def parse_config_dump(dump: Mapping[str, Any]) -> ProcessConfig:
+    parsed: dict[str, Any] = {}
+    for config in dump.get("configs", []):
+        kind = config.get("@type", "").rsplit(".", 1)[-1]
+        if kind == "ClustersConfigDump":
+            parsed["cds_version"] = config.get("version_info")
+            parsed["active_clusters"] = frozenset(
+                c["cluster"]["name"] for c in config.get("dynamic_active_clusters", [])
+            )
+            parsed["warming_clusters"] = frozenset(
+                c["cluster"]["name"] for c in config.get("dynamic_warming_clusters", [])
+            )
+        elif kind == "ListenersConfigDump":
+            parsed["lds_version"] = config.get("version_info")
+            listeners = config.get("dynamic_listeners", [])
+            parsed["active_listeners"] = frozenset(x["name"] for x in listeners if "active_state" in x)
+            parsed["warming_listeners"] = frozenset(x["name"] for x in listeners if "warming_state" in x)
+            parsed["listener_errors"] = {
+                x["name"]: str(x["error_state"].get("details", x["error_state"]))
+                for x in listeners
+                if "error_state" in x
+            }
+        elif kind == "RoutesConfigDump":
+            versions, weights = {}, {}
+            for dynamic in config.get("dynamic_route_configs", []):
+                route_config = dynamic["route_config"]
+                versions[route_config["name"]] = dynamic.get("version_info", "")
+                weights[route_config["name"]] = _weights(route_config)
+            parsed["route_versions"], parsed["route_weights"] = versions, weights
+    return ProcessConfig(**parsed)
+
+
+def _weights(route_config: Mapping[str, Any]) -> dict[str, int]:
+    weights: dict[str, int] = {}
+    for host in route_config.get("virtual_hosts", []):
+        for route in host.get("routes", []):
+            for cluster in route.get("route", {}).get("weighted_clusters", {}).get("clusters", []):
+                weights[cluster["name"]] = int(cluster.get("weight", 0))
+    return weights
+
+
+@dataclass(frozen=True)
+class ClusterCounters:
+    """One backend's stats in one process (HTTP and gRPC clusters added up)."""
+
+    values: Mapping[str, int]
+    latency_ms_buckets: Mapping[float, int]
+
+
+def parse_stats(stats: Mapping[str, Any]) -> dict[str, ClusterCounters]:
+    """Per backend: the counters and gauges of its clusters, and their upstream_rq_time buckets."""
+    values: dict[str, dict[str, int]] = {}
+    buckets: dict[str, dict[float, int]] = {}
+    for entry in stats.get("stats", []):
+        if "value" in entry:
+            _, _, rest = entry["name"].partition(".")
+            cluster, _, stat = rest.partition(".")
+            owner = backend_of(cluster)
+            if owner is not None:
+                into = values.setdefault(owner[1], {})
+                into[stat] = into.get(stat, 0) + int(entry["value"])
+        for histogram in entry.get("histograms", []) if isinstance(entry.get("histograms"), list) else []:
+            _, _, rest = histogram["name"].partition(".")
+            cluster, _, stat = rest.partition(".")
+            owner = backend_of(cluster)
+            if owner is None or stat != "upstream_rq_time":
+                continue
+            into_buckets = buckets.setdefault(owner[1], {})
+            for bucket in histogram.get("buckets", []):
+                bound = float(bucket["upper_bound"])
+                into_buckets[bound] = into_buckets.get(bound, 0) + int(bucket.get("cumulative") or 0)
+    names = set(values) | set(buckets)
+    return {name: ClusterCounters(values.get(name, {}), buckets.get(name, {})) for name in names}
+
+
+def inflight(counters: ClusterCounters) -> int:
+    """Requests a backend still owes an answer: active ones, open upgraded streams (a WebSocket is
+    an active request until it closes) and requests still waiting for a connection."""
+    return counters.values.get("upstream_rq_active", 0) + counters.values.get("upstream_rq_pending_active", 0)
+
+
+class AdminClient:
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+
+    async def get(self, port: int, path: str) -> Any:
+        url = f"http://127.0.0.1:{port}{path}"
+        try:
+            async with self._session.get(url, timeout=ADMIN_TIMEOUT) as response:
+                if response.status != 200:
+                    raise DataPlaneError(f"Envoy admin {url} answered {response.status}")
+                if path.startswith(("/ready", "/server_info")) and "format=json" not in path:
+                    return await response.text()
+                return await response.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, ValueError) as exc:
+            raise DataPlaneError(f"Envoy admin {url} failed: {exc!r}") from exc
+
+    async def config(self, port: int) -> ProcessConfig:
+        return parse_config_dump(await self.get(port, "/config_dump"))
+
+    async def stats(self, port: int) -> dict[str, ClusterCounters]:
+        return parse_stats(await self.get(port, STATS_QUERY))
+
+    async def ready(self, port: int) -> bool:
+        try:
+            return str(await self.get(port, "/ready")).strip() == "LIVE"
+        except DataPlaneError:
+            return False

@@ -1,0 +1,159 @@
+"""What the data plane is asked to do and what it reports: plain frozen values, no I/O."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from servekeeper.status import IngressRouteObservation
+
+# Names end up inside Envoy cluster names and stat names ("cluster.<name>.upstream_rq_active"):
+# a dot or colon there would make the stat names ambiguous, so only a safe alphabet is accepted.
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+
+
+class DataPlaneError(RuntimeError):
+    """Anything the data plane could not do or could not read; the caller treats it as "busy"."""
+
+
+def check_name(kind: str, name: str) -> None:
+    if not _NAME.match(name):
+        raise DataPlaneError(f"{kind} name {name!r} must match {_NAME.pattern}")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise DataPlaneError(f"endpoint port {self.port} is out of range")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One Ray cluster: every node's Serve HTTP proxy (and gRPC proxy, when it has one)."""
+
+    name: str
+    http: tuple[Endpoint, ...]
+    grpc: tuple[Endpoint, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_name("backend", self.name)
+        if not self.http:
+            raise DataPlaneError(f"backend {self.name} has no HTTP endpoint")
+
+
+@dataclass(frozen=True)
+class ServiceRoute:
+    service: str
+    port: int
+    backends: tuple[Backend, ...]
+    # Backend name -> weight. A draining backend stays listed with 0 so its in-flight count is read.
+    weights: Mapping[str, int]
+    grpc_port: int | None = None
+    max_request_bytes: int = 64 * 1024 * 1024
+    request_timeout_s: float = 0  # 0: no limit, so long streams are never cut
+    idle_timeout_s: float = 300
+
+    def __post_init__(self) -> None:
+        check_name("service", self.service)
+        names = [backend.name for backend in self.backends]
+        if len(set(names)) != len(names):
+            raise DataPlaneError(f"service {self.service}: backend names repeat: {names}")
+        if set(self.weights) != set(names):
+            raise DataPlaneError(f"service {self.service}: weights {dict(self.weights)} do not name backends {names}")
+        if any(weight < 0 for weight in self.weights.values()) or sum(self.weights.values()) <= 0:
+            raise DataPlaneError(f"service {self.service}: weights must be >= 0 with a positive sum")
+        if self.grpc_port is not None:
+            if self.grpc_port == self.port:
+                raise DataPlaneError(f"service {self.service}: grpc_port equals port")
+            missing = [b.name for b in self.backends if not b.grpc and self.weights[b.name] > 0]
+            if missing:
+                raise DataPlaneError(f"service {self.service}: backends {missing} carry traffic but have no gRPC")
+        if self.max_request_bytes <= 0 or self.request_timeout_s < 0 or self.idle_timeout_s < 0:
+            raise DataPlaneError(f"service {self.service}: limits must be positive")
+
+
+@dataclass(frozen=True)
+class RouteObservation:
+    """A service's route as every Envoy process acknowledged it."""
+
+    service: str
+    weights: dict[str, int]  # the weights in force; when processes disagree, the largest weight any one has
+    in_sync: bool  # every process has the same route
+    inflight: dict[str, int] = field(default_factory=dict)  # backend -> requests and open streams, all processes
+
+    @property
+    def backends(self) -> frozenset[str]:
+        return frozenset(self.weights)
+
+    @property
+    def active(self) -> str | None:
+        """The backend with the largest weight (ties: by name, so the answer is stable)."""
+        carrying = [(weight, name) for name, weight in self.weights.items() if weight > 0]
+        return max(carrying)[1] if carrying else None
+
+    def to_ingress(self) -> IngressRouteObservation:
+        return IngressRouteObservation(active=self.active, upstreams=self.backends, inflight=dict(self.inflight))
+
+
+@dataclass(frozen=True)
+class BackendStats:
+    """Counters summed over the Envoy processes (a restarted process starts its counters at 0)."""
+
+    backend: str
+    rq_total: int = 0
+    rq_2xx: int = 0
+    rq_4xx: int = 0
+    rq_5xx: int = 0
+    rq_active: int = 0
+    # Upstream request time: cumulative counts per bucket upper bound in milliseconds.
+    latency_ms_buckets: dict[float, int] = field(default_factory=dict)
+
+
+def route_to_json(route: ServiceRoute) -> dict[str, Any]:
+    return {
+        "service": route.service,
+        "port": route.port,
+        "grpc_port": route.grpc_port,
+        "weights": dict(route.weights),
+        "max_request_bytes": route.max_request_bytes,
+        "request_timeout_s": route.request_timeout_s,
+        "idle_timeout_s": route.idle_timeout_s,
+        "backends": [
+            {
+                "name": b.name,
+                "http": [[e.host, e.port] for e in b.http],
+                "grpc": [[e.host, e.port] for e in b.grpc],
+            }
+            for b in route.backends
+        ],
+    }
+
+
+def route_from_json(data: Mapping[str, Any]) -> ServiceRoute:
+    try:
+        backends = tuple(
+            Backend(
+                b["name"],
+                tuple(Endpoint(host, port) for host, port in b["http"]),
+                tuple(Endpoint(host, port) for host, port in b["grpc"]),
+            )
+            for b in data["backends"]
+        )
+        return ServiceRoute(
+            service=data["service"],
+            port=data["port"],
+            backends=backends,
+            weights=dict(data["weights"]),
+            grpc_port=data["grpc_port"],
+            max_request_bytes=data["max_request_bytes"],
+            request_timeout_s=data["request_timeout_s"],
+            idle_timeout_s=data["idle_timeout_s"],
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataPlaneError(f"unreadable stored route: {exc!r}") from exc

@@ -1,0 +1,276 @@
+"""Envoy configuration as a pure function of the desired routes: no I/O, no clock.
+
+Every service gets a listener on 127.0.0.1 whose routes come from RDS (a file of its own), so that
+moving weights changes only the route file and never the listener: a listener change would drain
+and close the clients' connections, an RDS change keeps them. Every backend gets an Envoy cluster
+per protocol. Names: listener and route config "http-<service>" / "grpc-<service>", cluster
+"http-<backend>" / "grpc-<backend>".
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from servekeeper.dataplane.model import Backend, Endpoint, ServiceRoute
+
+Resource = dict[str, Any]
+
+LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
+CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+HTTP, GRPC = "http", "grpc"
+HEALTH_PATH = "/-/healthz"  # what Ray Serve's HTTP proxy answers 200 on while it takes traffic
+# Shorter than the keep-alive of Serve's proxy (uvicorn, 90 s), so Envoy is always the side that
+# closes an idle upstream connection; otherwise a request can race the upstream's close and fail.
+UPSTREAM_IDLE_TIMEOUT_S = 60
+# Only failures where the backend cannot have started the work are retried (no duplicates).
+RETRY_ON = "connect-failure,refused-stream,reset-before-request"
+# Envoy's defaults (1024 requests, 3 concurrent retries) would cap long-lived streams and retries.
+CIRCUIT_LIMIT = 1_000_000
+
+
+def cluster_name(protocol: str, backend: str) -> str:
+    return f"{protocol}-{backend}"
+
+
+def backend_of(cluster: str) -> tuple[str, str] | None:
+    """(protocol, backend) of a cluster name this module made, else None."""
+    protocol, _, backend = cluster.partition("-")
+    return (protocol, backend) if protocol in (HTTP, GRPC) and backend else None
+
+
+def listener_name(protocol: str, service: str) -> str:
+    return f"{protocol}-{service}"
+
+
+def route_file(xds_dir: Path, protocol: str, service: str) -> Path:
+    return xds_dir / "rds" / f"{listener_name(protocol, service)}.json"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.3f}s"
+
+
+def _address(host: str, port: int) -> Resource:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def render_cluster(protocol: str, backend: Backend) -> Resource:
+    endpoints: tuple[Endpoint, ...] = backend.http if protocol == HTTP else backend.grpc
+    name = cluster_name(protocol, backend.name)
+    if protocol == HTTP:
+        health_check: Resource = {"http_health_check": {"path": HEALTH_PATH}}
+        upstream_protocol: Resource = {"http_protocol_options": {}}
+    else:
+        # Serve's gRPC proxy has no standard health service: a connect check ejects a dead node.
+        health_check = {"tcp_health_check": {}}
+        upstream_protocol = {"http2_protocol_options": {}}
+    return {
+        "@type": CLUSTER_TYPE,
+        "name": name,
+        "type": "STATIC" if all(_is_ip(e.host) for e in endpoints) else "STRICT_DNS",
+        "connect_timeout": "1s",
+        "lb_policy": "LEAST_REQUEST",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(e.host, e.port)}} for e in endpoints]}],
+        },
+        # 0: with no healthy endpoint, answer 503 at once instead of spraying requests at dead ones.
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+        "health_checks": [
+            {
+                "timeout": "1s",
+                "interval": "1s",
+                # Without this a cluster carrying no traffic (a draining one) is checked once a minute.
+                "no_traffic_interval": "1s",
+                "unhealthy_threshold": 2,
+                "healthy_threshold": 1,
+                **health_check,
+            }
+        ],
+        "circuit_breakers": {
+            "thresholds": [
+                {
+                    "max_connections": CIRCUIT_LIMIT,
+                    "max_pending_requests": CIRCUIT_LIMIT,
+                    "max_requests": CIRCUIT_LIMIT,
+                    "max_retries": CIRCUIT_LIMIT,
+                }
+            ]
+        },
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": HTTP_OPTIONS_TYPE,
+                "common_http_protocol_options": {"idle_timeout": _duration(UPSTREAM_IDLE_TIMEOUT_S)},
+                "explicit_http_config": upstream_protocol,
+            }
+        },
+    }
+
+
+def render_clusters(routes: Iterable[ServiceRoute]) -> dict[str, Resource]:
+    clusters: dict[str, Resource] = {}
+    for route in routes:
+        for backend in route.backends:
+            clusters[cluster_name(HTTP, backend.name)] = render_cluster(HTTP, backend)
+            if route.grpc_port is not None and backend.grpc:
+                clusters[cluster_name(GRPC, backend.name)] = render_cluster(GRPC, backend)
+    return dict(sorted(clusters.items()))
+
+
+def union_clusters(current: Mapping[str, Resource], new: Mapping[str, Resource]) -> dict[str, Resource]:
+    """Make before break: the new clusters beside every cluster a route may still point at."""
+    return dict(sorted({**current, **new}.items()))
+
+
+def render_route_config(protocol: str, route: ServiceRoute) -> Resource:
+    weighted = [
+        {"name": cluster_name(protocol, backend.name), "weight": route.weights[backend.name]}
+        for backend in route.backends
+        if protocol == HTTP or backend.grpc
+    ]
+    return {
+        "@type": ROUTE_TYPE,
+        "name": listener_name(protocol, route.service),
+        "virtual_hosts": [
+            {
+                "name": route.service,
+                "domains": ["*"],
+                "routes": [
+                    {
+                        "match": {"prefix": "/"},
+                        "route": {
+                            "weighted_clusters": {"clusters": weighted},
+                            # Envoy's default is 15 s; 0 s turns the limit off so long streams live.
+                            "timeout": _duration(route.request_timeout_s),
+                            "retry_policy": {
+                                "retry_on": RETRY_ON,
+                                "num_retries": 1,
+                                "retry_host_predicate": [
+                                    {
+                                        "name": "envoy.retry_host_predicates.previous_hosts",
+                                        "typed_config": {
+                                            "@type": "type.googleapis.com/"
+                                            "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+                                        },
+                                    }
+                                ],
+                                "host_selection_retry_max_attempts": 3,
+                            },
+                        },
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def render_route_configs(routes: Iterable[ServiceRoute]) -> dict[str, Resource]:
+    configs: dict[str, Resource] = {}
+    for route in routes:
+        configs[listener_name(HTTP, route.service)] = render_route_config(HTTP, route)
+        if route.grpc_port is not None:
+            configs[listener_name(GRPC, route.service)] = render_route_config(GRPC, route)
+    return dict(sorted(configs.items()))
+
+
+def _router() -> Resource:
+    return {
+        "name": "envoy.filters.http.router",
+        # No x-envoy-* headers towards clients or backends: the proxy stays invisible.
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
+            "suppress_envoy_headers": True,
+        },
+    }
+
+
+def render_listener(protocol: str, route: ServiceRoute, xds_dir: Path) -> Resource:
+    name = listener_name(protocol, route.service)
+    port = route.port if protocol == HTTP else route.grpc_port
+    assert port is not None
+    idle = _duration(route.idle_timeout_s)
+    manager: Resource = {
+        "@type": HCM_TYPE,
+        "stat_prefix": name,
+        "codec_type": "AUTO",  # HTTP/1.x and h2c with prior knowledge on one port
+        "rds": {
+            "route_config_name": name,
+            "config_source": {
+                "resource_api_version": "V3",
+                "path_config_source": {"path": str(route_file(xds_dir, protocol, route.service))},
+            },
+        },
+        "use_remote_address": True,  # sets X-Forwarded-For / X-Forwarded-Proto from the real peer
+        "generate_request_id": True,
+        "server_header_transformation": "PASS_THROUGH",
+        "stream_idle_timeout": idle,
+        "common_http_protocol_options": {"idle_timeout": idle},
+    }
+    if protocol == HTTP:
+        manager["http_protocol_options"] = {"accept_http_10": True, "default_host_for_http_10": route.service}
+        # The buffer filter answers 413 past the limit, chunked bodies included. gRPC streams must
+        # never be buffered, and an upgrade has no end of body to wait for: both skip it.
+        manager["http_filters"] = [
+            {
+                "name": "envoy.filters.http.buffer",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                    "max_request_bytes": route.max_request_bytes,
+                },
+            },
+            _router(),
+        ]
+        manager["upgrade_configs"] = [{"upgrade_type": "websocket", "filters": [_router()]}]
+    else:
+        manager["http_filters"] = [_router()]
+    return {
+        "@type": LISTENER_TYPE,
+        "name": name,
+        "address": _address("127.0.0.1", port),
+        # Every Envoy process binds the same port; the kernel spreads new connections over them.
+        "enable_reuse_port": True,
+        "filter_chains": [
+            {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}]}
+        ],
+    }
+
+
+def render_listeners(routes: Iterable[ServiceRoute], xds_dir: Path) -> dict[str, Resource]:
+    listeners: dict[str, Resource] = {}
+    for route in routes:
+        listeners[listener_name(HTTP, route.service)] = render_listener(HTTP, route, xds_dir)
+        if route.grpc_port is not None:
+            listeners[listener_name(GRPC, route.service)] = render_listener(GRPC, route, xds_dir)
+    return dict(sorted(listeners.items()))
+
+
+def discovery_response(version: str, resources: Iterable[Resource]) -> Resource:
+    return {"version_info": version, "resources": list(resources)}
+
+
+def render_bootstrap(node_id: str, admin_port: int, xds_dir: Path) -> Resource:
+    def source(kind: str) -> Resource:
+        return {"resource_api_version": "V3", "path_config_source": {"path": str(xds_dir / f"{kind}.json")}}
+
+    return {
+        "node": {"id": node_id, "cluster": "servekeeper"},
+        "admin": {"address": _address("127.0.0.1", admin_port)},
+        "dynamic_resources": {"lds_config": source("lds"), "cds_config": source("cds")},
+        # Histograms are merged for the admin interface at each flush; 1 s keeps latency figures fresh.
+        "stats_flush_interval": "1s",
+    }

@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from servekeeper.dataplane import Backend, DataPlane, ServiceRoute
+from servekeeper.ports import PortAllocator
+from tests.dataplane.upstream import Upstream
+
+PlaneFactory = Callable[..., Awaitable[DataPlane]]
+UpstreamFactory = Callable[[str], Awaitable[Upstream]]
+
+
+def kill_envoys_under(state_dir: Path) -> list[int]:
+    """Every Envoy whose bootstrap lives under state_dir, by pid: whatever a test did or failed to do."""
+    killed = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if any(str(state_dir) in arg for arg in cmdline) and any(arg.endswith("bootstrap.json") for arg in cmdline):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.info["pid"], signal.SIGKILL)
+            killed.append(process.info["pid"])
+    return killed
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[UpstreamFactory]:
+    started: list[Upstream] = []
+
+    async def make(name: str) -> Upstream:
+        server = await Upstream(name).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        await server.stop()
+
+
+@pytest.fixture
+async def make_plane(tmp_path: Path) -> AsyncIterator[PlaneFactory]:
+    planes: list[DataPlane] = []
+
+    async def make(processes: int = 2, start: bool = True, **kwargs: object) -> DataPlane:
+        plane = DataPlane(tmp_path, processes=processes, **kwargs)  # type: ignore[arg-type]
+        planes.append(plane)
+        if start:
+            await plane.start_or_adopt()
+        return plane
+
+    yield make
+    for plane in planes:
+        with contextlib.suppress(Exception):
+            await plane.stop()
+    leftovers = kill_envoys_under(tmp_path)
+    assert not leftovers, f"Envoy processes left running: {leftovers}"
+
+
+def route(service: str, port: int, backends: list[Backend], weights: dict[str, int], **kwargs: object) -> ServiceRoute:
+    return ServiceRoute(service, port, tuple(backends), weights, **kwargs)  # type: ignore[arg-type]
+
+
+def free_port() -> int:
+    return PortAllocator().one()
