@@ -27,7 +27,7 @@ def run_case(probes: bool, clients: int) -> dict[str, Any]:
         sk.apply(registry_spec(port, probes=probes))
         assert sk.wait("registry") == 0
         wait_until(lambda: models_answer(port), 120, "every model to answer")
-        with Load(model_urls(port), clients=clients) as load:
+        with Load(model_urls(port), clients=clients, post_share=0) as load:
             wait_until(lambda: load.result.ok > 50, 30, "load to start")
             applied = time.time()
             sk.apply(registry_spec(port, version="v2", cpus=2, probes=probes))

@@ -5,5 +5,6 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 ruff check src tests bench
 lint-imports
+# mypy --strict src  # enabled once clean
 pytest -q tests/unit "$@"
 pytest -q tests/integration "$@"

@@ -88,7 +88,7 @@ def _upgrade_under_load(sk: Servekeeper, probes: bool) -> Load:
     sk.apply(registry_spec(port, probes=probes))
     assert sk.wait("registry") == 0
     wait_until(lambda: models_answer(port), 90, "every model to answer")
-    with Load(model_urls(port), clients=CLIENTS) as load:
+    with Load(model_urls(port), clients=CLIENTS, post_share=0) as load:
         wait_until(lambda: load.result.ok > 50, 30, "load to start")
         sk.apply(registry_spec(port, version="v2", cpus=2, probes=probes))
         assert sk.wait("registry") == 0

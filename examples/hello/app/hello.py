@@ -2,6 +2,9 @@
 
 `ready_delay_s` sleeps in the constructor, like a model that loads its weights: Ray reports the
 app DEPLOYING (healthy, not ready) until every replica has finished it.
+
+A GET answers the version (`msg`); a POST answers the version on the first line, then the request
+body verbatim, so a load client can tell a complete answer from a truncated or mixed-up one.
 """
 
 import time
@@ -19,6 +22,9 @@ class Hello:
         self.msg = msg
 
     async def __call__(self, request: Request) -> str:
+        if request.method == "POST":
+            body = await request.body()
+            return f"{self.msg}\n{body.decode()}"
         return self.msg
 
 
