@@ -5,11 +5,14 @@ import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import psutil
 import pytest
 
 from servekeeper.dataplane import Backend, DataPlane, ServiceRoute
+from servekeeper.dataplane.admin import AdminClient, ProcessConfig
 from servekeeper.ports import PortAllocator
 from tests.dataplane.upstream import Upstream
 
@@ -68,3 +71,15 @@ def route(service: str, port: int, backends: list[Backend], weights: dict[str, i
 
 def free_port() -> int:
     return PortAllocator().one()
+
+
+async def process_configs(plane: DataPlane) -> list[ProcessConfig]:
+    """What every Envoy process of the plane has applied, read with a client of the test's own."""
+    async with aiohttp.ClientSession() as session:
+        admin = AdminClient(session)
+        return [await admin.config(info.admin_port) for info in plane.processes()]
+
+
+async def admin_get(port: int, path: str) -> Any:
+    async with aiohttp.ClientSession() as session:
+        return await AdminClient(session).get(port, path)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+from collections.abc import Callable
 
+import aiohttp
 import httpx
+import pytest
 
-from servekeeper.dataplane import Backend
-from servekeeper.dataplane.admin import AdminClient
-from tests.dataplane.conftest import PlaneFactory, UpstreamFactory, free_port, route
+from servekeeper.dataplane import Backend, DataPlane, DataPlaneError
+from tests.dataplane.conftest import PlaneFactory, UpstreamFactory, free_port, process_configs, route
 
 
 async def test_switch_is_acknowledged_by_every_process_and_keeps_keepalive_connections(
@@ -43,15 +48,56 @@ async def test_switch_is_acknowledged_by_every_process_and_keeps_keepalive_conne
     assert observed["svc"].in_sync and observed["svc"].active == "b"
     assert observed["svc"].to_ingress().upstreams == frozenset({"a", "b"})
 
-    admin = AdminClient(plane._admin()._session)  # noqa: SLF001
-    for info in plane.processes():
-        config = await admin.config(info.admin_port)
+    for config in await process_configs(plane):
         assert config.route_weights["http-svc"] == {"http-a": 0, "http-b": 100}
         assert {"http-a", "http-b"} <= config.active_clusters
 
     # Draining done: the old backend leaves the route, and its cluster leaves every process.
     await plane.set_route(route("svc", port, [backend_b], {"b": 100}))
-    for info in plane.processes():
-        config = await admin.config(info.admin_port)
+    for config in await process_configs(plane):
         assert config.active_clusters == {"http-b"}
-    await asyncio.sleep(0)
+
+
+async def test_inflight_counts_slow_requests_and_open_websockets_over_every_process(
+    make_plane: PlaneFactory, upstream: UpstreamFactory
+) -> None:
+    a, b = await upstream("a"), await upstream("b")
+    plane = await make_plane()
+    port = free_port()
+    backends = [Backend("a", (a.endpoint,)), Backend("b", (b.endpoint,))]
+    await plane.set_route(route("svc", port, backends, {"a": 100, "b": 0}))
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=url) as client:
+        slow = asyncio.create_task(client.get("/", params={"sleep": "1"}))
+        await _until(plane, lambda inflight: inflight == {"a": 1, "b": 0})
+        assert (await slow).text == "a"
+        await _until(plane, lambda inflight: inflight == {"a": 0, "b": 0})
+
+    async with aiohttp.ClientSession() as session, session.ws_connect(url + "/ws") as socket:
+        await socket.send_str("hi")
+        assert json.loads(await socket.receive_str())["backend"] == "a"
+        await _until(plane, lambda inflight: inflight["a"] == 1)
+        await plane.set_route(route("svc", port, backends, {"a": 0, "b": 100}))
+        # The socket opened before the switch stays with its backend, and counts as in flight there.
+        await socket.send_str("still there")
+        assert json.loads(await socket.receive_str()) == {"backend": "a", "echo": "still there"}
+        assert (await plane.routes())["svc"].inflight["a"] == 1
+        async with session.ws_connect(url + "/ws") as newer:
+            await newer.send_str("new")
+            assert json.loads(await newer.receive_str())["backend"] == "b"
+    await _until(plane, lambda inflight: inflight == {"a": 0, "b": 0})
+
+    # A process that cannot be read makes the whole observation fail: never "idle" by omission.
+    os.kill(plane.processes()[1].pid, signal.SIGKILL)
+    with pytest.raises(DataPlaneError):
+        await plane.routes()
+
+
+async def _until(plane: DataPlane, check: Callable[[dict[str, int]], bool], timeout: float = 5) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        inflight = (await plane.routes())["svc"].inflight
+        if check(inflight):
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"in-flight counts stayed {inflight}"
+        await asyncio.sleep(0.05)
