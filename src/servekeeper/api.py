@@ -9,9 +9,11 @@ The store calls are short SQLite transactions, so running them on the loop is fi
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
@@ -20,6 +22,7 @@ from pydantic import BaseModel
 
 from servekeeper.controller import Controller
 from servekeeper.core.views import event_view, service_view
+from servekeeper.package import PackageError, package_for_spec, prune_packages
 from servekeeper.spec import ServiceSpec, SpecError, parse_spec
 from servekeeper.store import Store
 
@@ -37,9 +40,15 @@ def build_app(
     store: Store,
     token: str,
     request_shutdown: Callable[[bool], Awaitable[None]],
+    packages_dir: Path | None = None,
 ) -> FastAPI:
+    """`packages_dir`: where code packages go (the daemon's state dir); without it, a local
+    workingDir is handed to Ray as a live `local://` path (unit tests of the API only)."""
     app = FastAPI(title="servekeeper", version="v1alpha1", docs_url=None, redoc_url=None)
     expected = f"Bearer {token}".encode()
+    # Applies one at a time from packaging to pruning: a prune never removes the package of
+    # an apply whose spec is not stored yet.
+    packaging = asyncio.Lock()
 
     @app.middleware("http")
     async def authorized(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -79,7 +88,24 @@ def build_app(
                     status_code=422,
                     detail={"problems": [f"spec.ingress.port: port {other_port} is used by service {other.name!r}"]},
                 )
-        service, changed = store.apply_spec(spec.name, spec.to_json(), time.time())
+        async with packaging:
+            return await _store_spec(spec)
+
+    async def _store_spec(spec: ServiceSpec) -> dict[str, Any]:
+        package_hash = None
+        if packages_dir is not None:
+            try:
+                # Packaged now, at apply: what runs is what was applied, whatever the files become.
+                package = await asyncio.to_thread(package_for_spec, spec, packages_dir)
+            except PackageError as exc:
+                raise HTTPException(
+                    status_code=422, detail={"problems": [f"spec.rayClusterConfig.workingDir: {exc}"]}
+                ) from exc
+            package_hash = package.hash if package else None
+        service, changed = store.apply_spec(spec.name, spec.to_json(), time.time(), package_hash=package_hash)
+        if packages_dir is not None and changed:
+            keep = {s.package_hash for s in store.list_services()} | {c.package_hash for c in store.list_clusters()}
+            await asyncio.to_thread(prune_packages, packages_dir, {h for h in keep if h is not None})
         controller.wake(spec.name)
         return {"name": service.name, "generation": service.generation, "changed": changed}
 

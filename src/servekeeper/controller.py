@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from servekeeper import faults
 from servekeeper.core import actions as act
 from servekeeper.core.planner import plan
-from servekeeper.core.serve_config import build_serve_config
+from servekeeper.core.serve_config import build_serve_config, config_deployed, desired_config_hash
+from servekeeper.faults import Hooks
 from servekeeper.ingress.client import IngressClient, IngressError
+from servekeeper.package import Package
 from servekeeper.ports import PortAllocator
 from servekeeper.probes import ProbeRunner
 from servekeeper.providers.base import ClusterProvider, ProviderError
@@ -48,6 +51,14 @@ STEADY_TICK_SECONDS = 2.0  # the reference polls every 2 s, always
 SERVICE_SCAN_SECONDS = 1.0
 
 
+@dataclass
+class _Tick:
+    """What one tick's actions found out, beyond the plan: events, and a rollout Ray rejected."""
+
+    events: list[Event] = field(default_factory=list)
+    rejected: str | None = None
+
+
 class Controller:
     def __init__(
         self,
@@ -58,19 +69,24 @@ class Controller:
         state_dir: Path,
         clock: Callable[[], float] = time.time,
         gate: SwitchGate = SwitchGate.READY,
+        hooks: Hooks | None = None,
+        serve: ServeClient | None = None,
     ) -> None:
         self.store = store
         self.provider = provider
         self.ingress = ingress
-        self.serve = ServeClient(session)
+        self.serve = serve or ServeClient(session)
         self.probes = ProbeRunner(session, clock)
         self.state_dir = state_dir
+        self.packages_dir = state_dir / "packages"
         self.clock = clock
         self.gate = gate
+        self.hooks = hooks or Hooks()
         self.observations: dict[str, Observation] = {}
         self._service_tasks: dict[str, asyncio.Task[None]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
-        self._background: dict[str, asyncio.Task[None]] = {}  # cluster name -> start/stop task
+        self._background: dict[str, asyncio.Task[None]] = {}  # cluster name -> its start or stop task
+        self._documents: dict[tuple[str, str], dict[str, Any]] = {}  # (cluster, config hash) -> what was PUT
         self._stopping = False
 
     # -- the loop ------------------------------------------------------------------------
@@ -83,10 +99,11 @@ class Controller:
                     self._service_tasks[service.name] = asyncio.create_task(
                         self._guarded_service_loop(service.name), name=f"service-{service.name}"
                     )
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), SERVICE_SCAN_SECONDS)
 
     def wake(self, name: str) -> None:
+        """Run the service's next tick now. Call it on the controller's event loop only."""
         event = self._wakeups.get(name)
         if event is not None:
             event.set()
@@ -105,7 +122,7 @@ class Controller:
                 self._wakeups.pop(name, None)
                 return  # the service is gone
             wakeup.clear()
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(wakeup.wait(), delay)
 
     async def tick(self, name: str) -> float | None:
@@ -115,23 +132,25 @@ class Controller:
             return None
         spec = ServiceSpec.model_validate_json(service.spec_json)
         clusters = self.store.list_clusters(name)
-        observation = await self.observe(name, clusters, spec)
+        observation = await self.observe(service, clusters, spec)
         self.observations[name] = observation
         decision = plan(spec, service, clusters, observation, self.clock(), self.gate)
-        events = list(decision.events)
+        tick = _Tick(events=list(decision.events))
         try:
             for action in decision.actions:
-                await self._execute(action, service, spec, events)
+                await self._execute(action, service, spec, tick)
         except _StopTick:
             pass  # logged where raised; the next tick re-plans from what is stored
         finally:
-            self._persist_status(service, decision.service)
-            self.store.add_events(events)
-            for event in events:
+            after = decision.service
+            if tick.rejected is not None and after.failed_generation != service.generation:
+                after = after.with_changes(failed_generation=service.generation, failure_reason=tick.rejected)
+            self._persist_status(service, after)
+            self.store.add_events(tick.events)
+            for event in tick.events:
                 log = logger.warning if event.type == "Warning" else logger.info
                 log("[%s] %s: %s", name, event.reason, event.message)
-        if faults.armed():
-            self._crash_points_after_tick(decision.actions)
+        self.hooks.after_tick(self.store.list_clusters(name), decision.actions)
         if any(isinstance(action, act.ForgetService) for action in decision.actions):
             self.observations.pop(name, None)
             return None
@@ -142,56 +161,52 @@ class Controller:
         busy = decision.actions or any(c.role != ClusterRole.ACTIVE for c in clusters)
         return FAST_TICK_SECONDS if busy or not _is_ready(decision.service) else STEADY_TICK_SECONDS
 
-    def _crash_points_after_tick(self, actions: list[act.Action]) -> None:
-        roles = {c.role: c for c in self.store.list_clusters()}
-        pending = roles.get(ClusterRole.PENDING)
-        if (
-            pending is not None
-            and pending.applied_config_hash
-            and not any(isinstance(a, act.SetRoute) for a in actions)
-        ):
-            faults.crash_point("waiting-for-ready")
-        if ClusterRole.DRAINING in roles and not any(isinstance(a, act.DeleteCluster) for a in actions):
-            faults.crash_point("draining")
-
     def _persist_status(self, before: ServiceRecord, after: ServiceRecord) -> None:
-        # The API may have stored a new spec while this tick ran: keep it, and let the next
-        # tick act on it. Only the controller-owned fields are written, and only if unchanged.
-        current = self.store.get_service(before.name)
-        if current is None or current.generation != before.generation or current.deleting != before.deleting:
-            return
-        updated = current.with_changes(
+        # The API may have stored a new spec or marked the service deleted while this tick ran:
+        # the store writes the controller-owned fields only if neither happened (one atomic
+        # compare-and-set), and the next tick acts on the newer state.
+        self.store.persist_status(
+            before.name,
+            expected_generation=before.generation,
+            expected_deleting=before.deleting,
             observed_generation=after.observed_generation,
             unhealthy_since=after.unhealthy_since,
             failed_generation=after.failed_generation,
             failure_reason=after.failure_reason,
             conditions=after.conditions,
         )
-        if updated != current:  # a steady tick writes nothing
-            self.store.put_service(updated)
 
     # -- observe -------------------------------------------------------------------------
 
-    async def observe(self, name: str, clusters: list[ClusterRecord], spec: ServiceSpec) -> Observation:
+    async def observe(self, service: ServiceRecord, clusters: list[ClusterRecord], spec: ServiceSpec) -> Observation:
         live = [c for c in clusters if c.role != ClusterRole.DELETING]
-        observed = await asyncio.gather(*(self._observe_cluster(c, spec) for c in live))
+        observed = await asyncio.gather(*(self._observe_cluster(c, service, spec) for c in live))
         route: IngressRouteObservation | None = None
         ingress_ok = True
         try:
-            route = (await self.ingress.routes()).get(name)
+            route = (await self.ingress.routes()).get(service.name)
         except IngressError as exc:
             ingress_ok = False
-            logger.warning("[%s] ingress not reachable: %s", name, exc)
+            logger.warning("[%s] ingress not reachable: %s", service.name, exc)
         return Observation(clusters={o.name: o for o in observed}, route=route, ingress_ok=ingress_ok)
 
-    async def _observe_cluster(self, cluster: ClusterRecord, spec: ServiceSpec) -> ClusterObservation:
-        alive = self.provider.processes_alive(cluster)
-        if not alive:
+    def _liveness(self, cluster: ClusterRecord) -> tuple[bool, list[int], str | None]:
+        """Process checks and log reads: blocking, so they run in a worker thread."""
+        if not self.provider.processes_alive(cluster):
             reason = self.provider.exit_reason(cluster) if cluster.head_pid is not None else None
+            return False, [], reason
+        dead = self.provider.dead_workers(cluster)
+        if dead:
+            return True, dead, f"worker pid {dead[0]} exited: {self.provider.exit_reason(cluster, dead[0])}"
+        return True, [], None
+
+    async def _observe_cluster(
+        self, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec
+    ) -> ClusterObservation:
+        alive, dead_workers, reason = await asyncio.to_thread(self._liveness, cluster)
+        if not alive:
             return ClusterObservation(name=cluster.name, processes_alive=False, error=reason)
-        dead_workers = self.provider.dead_workers(cluster)
         if dead_workers:
-            reason = f"worker pid {dead_workers[0]} exited: {self.provider.exit_reason(cluster, dead_workers[0])}"
             return ClusterObservation(
                 name=cluster.name, processes_alive=True, dead_workers=len(dead_workers), error=reason
             )
@@ -199,26 +214,59 @@ class Controller:
             apps = await self.serve.applications(cluster.dashboard_url)
         except (RetryableServeError, PermanentServeError) as exc:
             return ClusterObservation(name=cluster.name, processes_alive=True, error=str(exc))
-        healthy, routes, probes = await asyncio.gather(
-            self.serve.proxy_healthy(cluster.serve_url),
-            self.serve.proxy_routes(cluster.serve_url),
-            self.probes.run(cluster.name, cluster.serve_url, spec.spec.readiness.probes),
+        healthy, routes = await asyncio.gather(
+            self.serve.proxy_healthy(cluster.serve_url), self.serve.proxy_routes(cluster.serve_url)
         )
         return ClusterObservation(
-            probes=probes,
+            probes=self.probes.states(cluster.name, cluster.serve_url, spec.spec.readiness.probes),
             name=cluster.name,
             processes_alive=True,
             dashboard_ok=True,
             apps=apps,
             proxy_healthy=healthy,
             routes=routes,
+            deployed_config_hash=self._deployed_config_hash(cluster, service, spec, apps),
         )
+
+    def _deployed_config_hash(
+        self, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec, apps: dict[str, Any]
+    ) -> str | None:
+        """Which config servekeeper sent does Ray run now? Compared app by app with Ray's
+        deployed_app_config: the desired one first, then the ones this cluster was given before."""
+        desired = desired_config_hash(spec, service.package_hash)
+        candidates = {desired: build_serve_config(spec, cluster, self._package_uri(service))}
+        for known in (cluster.applied_config_hash, cluster.good_config_hash, cluster.submitted_config_hash):
+            if known is not None and known not in candidates:
+                document = self._submitted_document(cluster.name, known)
+                if document is not None:
+                    candidates[known] = document
+        for config_hash, document in candidates.items():
+            if config_deployed(document, apps):
+                return config_hash
+        return None
+
+    def _submitted_document(self, cluster: str, config_hash: str) -> dict[str, Any] | None:
+        key = (cluster, config_hash)
+        if key not in self._documents:
+            document = self.store.submitted_document(cluster, config_hash)
+            if document is None:
+                return None
+            self._documents[key] = document
+        return self._documents[key]
+
+    def _package(self, service: ServiceRecord) -> Package | None:
+        if service.package_hash is None:
+            return None
+        path = self.packages_dir / f"{service.package_hash}.zip"
+        return Package(hash=service.package_hash, path=path, size=path.stat().st_size if path.exists() else 0)
+
+    def _package_uri(self, service: ServiceRecord) -> str | None:
+        package = self._package(service)
+        return package.uri if package else None
 
     # -- execute -------------------------------------------------------------------------
 
-    async def _execute(
-        self, action: act.Action, service: ServiceRecord, spec: ServiceSpec, events: list[Event]
-    ) -> None:
+    async def _execute(self, action: act.Action, service: ServiceRecord, spec: ServiceSpec, tick: _Tick) -> None:
         if isinstance(action, act.CreateCluster):
             self._create_cluster(service, spec, action.role)
         elif isinstance(action, act.StartCluster):
@@ -226,15 +274,15 @@ class Controller:
             if cluster is not None:
                 self._start_cluster(cluster)
         elif isinstance(action, act.SubmitConfig):
-            await self._submit_config(action, service, spec, events)
+            await self._submit_config(action, service, spec, tick)
         elif isinstance(action, act.UpdateCluster):
             self.store.update_cluster(action.cluster, **action.changes)
         elif isinstance(action, act.SetRoute):
-            await self._set_route(service, spec, action, events)
+            await self._set_route(service, spec, action, tick)
         elif isinstance(action, act.RemoveRoute):
             await self.ingress.remove_route(service.name)
         elif isinstance(action, act.DeleteCluster):
-            self._delete_cluster(action.cluster, service.name, events)
+            self._delete_cluster(action.cluster, service.name)
         elif isinstance(action, act.ForgetService):
             self.store.delete_service_row(service.name)
 
@@ -258,25 +306,23 @@ class Controller:
             created_at=self.clock(),
         )
         self.store.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown
-        if faults.armed() and self.store.list_clusters(service.name) != [cluster]:
-            faults.crash_point("cluster-intent-written")
+        self.hooks.reached("cluster-intent-written", cluster)
         self._start_cluster(cluster)
 
     def _start_cluster(self, cluster: ClusterRecord) -> None:
-        if cluster.name in self._background and not self._background[cluster.name].done():
-            return
+        if cluster.name in self._background:
+            return  # its start (or stop) is in progress
         config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
         try:
             if cluster.head_pid is None:
                 cluster = self.provider.start_head(cluster, config)
                 self.store.update_cluster(cluster.name, head_pid=cluster.head_pid)
-                if faults.armed() and len(self.store.list_clusters(cluster.service)) > 1:
-                    faults.crash_point("pending-started")
+                self.hooks.reached("pending-started", cluster)
         except (OSError, ProviderError) as exc:
             self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
             return
         if len(cluster.worker_pids) < config.worker_count():
-            self._background[cluster.name] = asyncio.create_task(self._start_workers(cluster, config))
+            self._in_background(cluster, f"start-{cluster.name}", self._start_workers(cluster, config))
 
     async def _start_workers(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         def record(updated: ClusterRecord) -> None:
@@ -284,46 +330,106 @@ class Controller:
 
         try:
             await self.provider.start_workers(cluster, config, record)
-        except (OSError, ProviderError) as exc:
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # whatever stops a start fails that cluster's rollout, with the cause
             logger.warning("[%s/%s] worker start failed: %s", cluster.service, cluster.name, exc)
             with contextlib.suppress(KeyError):
                 self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
 
+    def _in_background(
+        self, cluster: ClusterRecord, task_name: str, work: Coroutine[Any, Any, None]
+    ) -> asyncio.Task[None]:
+        """Run a cluster's start or stop beside the ticks; tracked until it ends, its failure an event."""
+        task = asyncio.create_task(work, name=task_name)
+        self._background[cluster.name] = task
+
+        def finished(done: asyncio.Task[None]) -> None:
+            if self._background.get(cluster.name) is done:
+                del self._background[cluster.name]
+            if done.cancelled():
+                return
+            error = done.exception()
+            if error is not None:
+                logger.error("[%s/%s] %s failed: %r", cluster.service, cluster.name, task_name, error)
+                self.store.add_events(
+                    [
+                        Event(
+                            cluster.service,
+                            self.clock(),
+                            "Warning",
+                            "BackgroundTaskFailed",
+                            f"{task_name}: {type(error).__name__}: {error}",
+                        )
+                    ]
+                )
+            self.wake(cluster.service)
+
+        task.add_done_callback(finished)
+        return task
+
     async def _submit_config(
-        self, action: act.SubmitConfig, service: ServiceRecord, spec: ServiceSpec, events: list[Event]
+        self, action: act.SubmitConfig, service: ServiceRecord, spec: ServiceSpec, tick: _Tick
     ) -> None:
-        cluster = self.store.update_cluster(action.cluster, submitted_config_hash=action.config_hash)
-        document = build_serve_config(spec, cluster)
-        # Audited before the PUT: a second attempt on the same cluster can never go unseen.
-        self.store.record_submission(cluster.name, action.config_hash, self.clock())
+        cluster = self.store.get_cluster(action.cluster)
+        if cluster is None:
+            return
+        document = await self._document_for(action, cluster, service, spec, tick)
+        cluster = self.store.update_cluster(
+            cluster.name, submitted_config_hash=action.config_hash, config_submitted_at=None
+        )
+        # Audited before the PUT: a second attempt on the same cluster can never go unseen, and
+        # the document is kept to recognise it in Ray's answers and to restore it later.
+        self.store.record_submission(cluster.name, action.config_hash, self.clock(), json.dumps(document))
+        self._documents[(cluster.name, action.config_hash)] = document
+        self.hooks.reached("config-audited", cluster, service.generation)
         try:
+            await self.hooks.before_config_put(cluster)
             await self.serve.put_config(cluster.dashboard_url, document)
         except RetryableServeError as exc:
             logger.info("[%s/%s] config PUT will be retried: %s", service.name, cluster.name, exc)
+            tick.events.append(Event(service.name, self.clock(), "Warning", "ConfigSubmitRetry", str(exc)))
             raise _StopTick from exc
         except PermanentServeError as exc:
-            reason = f"ConfigRejected: {exc.body}"
-            self.store.update_cluster(cluster.name, failure_reason=reason)
-            if cluster.role == ClusterRole.ACTIVE:
-                current = self.store.get_service(service.name)
-                if current is not None and current.generation == service.generation:
-                    self.store.put_service(
-                        current.with_changes(failed_generation=service.generation, failure_reason=reason)
-                    )
-            events.append(Event(service.name, self.clock(), "Warning", "ConfigRejected", str(exc)))
+            self._rejected(cluster, service, f"ConfigRejected: {exc.body}", tick)
             raise _StopTick from exc
-        if (
-            faults.armed()
-            and cluster.role == ClusterRole.PENDING
-            and len(self.store.list_clusters(cluster.service)) > 1
-        ):
-            faults.crash_point("config-submitted")
-        now = self.clock()
-        self.store.update_cluster(cluster.name, applied_config_hash=action.config_hash, config_submitted_at=now)
+        self.hooks.reached("config-submitted", cluster, service.generation)
+        self.store.update_cluster(cluster.name, config_submitted_at=self.clock())
 
-    async def _set_route(
-        self, service: ServiceRecord, spec: ServiceSpec, action: act.SetRoute, events: list[Event]
-    ) -> None:
+    async def _document_for(
+        self, action: act.SubmitConfig, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec, tick: _Tick
+    ) -> dict[str, Any]:
+        if action.restore:
+            document = self._submitted_document(cluster.name, action.config_hash)
+            if document is None:
+                message = f"the last good config {action.config_hash} of {cluster.name} is not stored"
+                tick.events.append(Event(service.name, self.clock(), "Warning", "RestoreImpossible", message))
+                raise _StopTick
+            return document
+        package = self._package(service)
+        if package is not None:
+            try:
+                if await self.serve.ensure_package(cluster.dashboard_url, package):
+                    logger.info("[%s/%s] code package %s uploaded", service.name, cluster.name, package.hash[:12])
+            except RetryableServeError as exc:
+                logger.info("[%s/%s] package upload will be retried: %s", service.name, cluster.name, exc)
+                raise _StopTick from exc
+            except (PermanentServeError, OSError) as exc:
+                self._rejected(cluster, service, f"PackageUploadFailed: {exc}", tick)
+                raise _StopTick from exc
+            self.store.update_cluster(cluster.name, package_hash=package.hash)
+        return build_serve_config(spec, cluster, package.uri if package else None)
+
+    def _rejected(self, cluster: ClusterRecord, service: ServiceRecord, reason: str, tick: _Tick) -> None:
+        """Ray refused the change: a pending cluster fails its rollout; on the active cluster the
+        generation is failed (not retried blindly) and the active keeps what it runs."""
+        tick.events.append(Event(service.name, self.clock(), "Warning", reason.partition(":")[0], reason))
+        if cluster.role == ClusterRole.PENDING:
+            self.store.update_cluster(cluster.name, failure_reason=reason)
+        else:
+            tick.rejected = reason
+
+    async def _set_route(self, service: ServiceRecord, spec: ServiceSpec, action: act.SetRoute, tick: _Tick) -> None:
         upstreams = {}
         for name in action.upstreams:
             cluster = self.store.get_cluster(name)
@@ -333,28 +439,24 @@ class Controller:
             await self.ingress.set_route(service.name, spec.spec.ingress.port, action.active, upstreams)
         except IngressError as exc:
             # Nothing after the switch may run: roles change only once the ingress acknowledged.
-            events.append(Event(service.name, self.clock(), "Warning", "RouteFailed", str(exc)))
+            tick.events.append(Event(service.name, self.clock(), "Warning", "RouteFailed", str(exc)))
             raise _StopTick from exc
-        switched = self.store.get_cluster(action.active) if faults.armed() else None
+        switched = self.store.get_cluster(action.active)
         if switched is not None and switched.role == ClusterRole.PENDING:
-            faults.crash_point("route-switched")
+            self.hooks.reached("route-switched", switched)
 
-    def _delete_cluster(self, name: str, service: str, events: list[Event]) -> None:
+    def _delete_cluster(self, name: str, service: str) -> None:
         cluster = self.store.get_cluster(name)
         if cluster is None:
             return
         if cluster.role != ClusterRole.DELETING:
             cluster = self.store.update_cluster(name, role=ClusterRole.DELETING)
         running = self._background.get(name)
-        if running is not None and not running.done():
-            if self._is_stop_task(running):
+        if running is not None:
+            if running.get_name().startswith("stop-"):
                 return
             running.cancel()  # a start still in progress: stop it, then delete
-        self._background[name] = asyncio.create_task(self._stop_cluster(cluster), name=f"stop-{name}")
-
-    @staticmethod
-    def _is_stop_task(task: asyncio.Task[None]) -> bool:
-        return task.get_name().startswith("stop-")
+        self._in_background(cluster, f"stop-{name}", self._stop_cluster(cluster))
 
     async def _stop_cluster(self, cluster: ClusterRecord) -> None:
         leftovers = await self.provider.stop(cluster)
@@ -373,11 +475,12 @@ class Controller:
             return
         self.store.remove_cluster(cluster.name)
         self.probes.forget(cluster.name)
+        for key in [key for key in self._documents if key[0] == cluster.name]:
+            del self._documents[key]
         self.store.add_events(
             [Event(cluster.service, self.clock(), "Normal", "ClusterDeleted", f"{cluster.name} stopped and removed")]
         )
         logger.info("[%s/%s] cluster deleted", cluster.service, cluster.name)
-        self.wake(cluster.service)
 
     # -- shutdown ------------------------------------------------------------------------
 
@@ -386,16 +489,18 @@ class Controller:
         for task in self._service_tasks.values():
             task.cancel()
         await asyncio.gather(*self._service_tasks.values(), return_exceptions=True)
+        await self.probes.close()
+        background = list(self._background.values())
         if stop_clusters:
-            for task in self._background.values():
+            for task in background:
                 task.cancel()
-            await asyncio.gather(*self._background.values(), return_exceptions=True)
+            await asyncio.gather(*background, return_exceptions=True)
             clusters = self.store.list_clusters()
             await asyncio.gather(*(self.provider.stop(c) for c in clusters))
             for cluster in clusters:
                 self.store.remove_cluster(cluster.name)
         else:
-            await asyncio.gather(*self._background.values(), return_exceptions=True)
+            await asyncio.gather(*background, return_exceptions=True)
 
     def status_snapshot(self, name: str) -> Observation | None:
         return self.observations.get(name)

@@ -28,6 +28,7 @@ import uvicorn
 
 from servekeeper.api import build_app
 from servekeeper.controller import Controller
+from servekeeper.faults import hooks_from_environment
 from servekeeper.ingress.client import (
     IngressClient,
     ingress_alive,
@@ -117,7 +118,8 @@ async def run_daemon(
         logger.warning("UNSAFE: traffic switches on the %r gate (%s is set)", gate.value, GATE_ENV)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
         ingress = await _adopt_or_start_ingress(store, session, state_dir, token)
-        controller = Controller(store, LocalProvider(), ingress, session, state_dir, gate=gate)
+        hooks = hooks_from_environment()  # tests and benchmarks only; production gets no-op hooks
+        controller = Controller(store, LocalProvider(hooks), ingress, session, state_dir, gate=gate, hooks=hooks)
         stop = asyncio.Event()
         stop_everything = False
 
@@ -127,7 +129,7 @@ async def run_daemon(
             server.should_exit = True
 
         port = api_port or PortAllocator().one()
-        app = build_app(controller, store, token, request_shutdown)
+        app = build_app(controller, store, token, request_shutdown, packages_dir=state_dir / "packages")
         server = uvicorn.Server(
             uvicorn.Config(app, host=api_host, port=port, log_level="warning", lifespan="off", access_log=False)
         )

@@ -46,6 +46,9 @@ class SimCluster:
     head_alive: bool = True
     extra_apps: dict[str, AppState] = field(default_factory=dict)
     probe_pass_after_deploy_s: float = 0.0  # declared probes start passing this long after RUNNING
+    deployed_hash: str | None = None  # the config Ray runs (what deployed_app_config would match)
+    failing_configs: frozenset[str] = frozenset()  # configs whose apps end DEPLOY_FAILED
+    lost_puts: int = 0  # the next PUTs fail (timeout, 503): Ray never gets them
 
 
 @dataclass
@@ -96,6 +99,8 @@ class SimWorld:
         if behaviour.config_at is not None:
             deployed = self.now - behaviour.config_at >= behaviour.deploy_s
             status = behaviour.app_status_after_deploy if deployed else AppStatus.DEPLOYING
+            if deployed and behaviour.deployed_hash in behaviour.failing_configs:
+                status = AppStatus.DEPLOY_FAILED
             for name, prefix in self.spec.declared_apps().items():
                 apps[name] = AppState(name=name, status=status, source=AppSource.DECLARATIVE, route_prefix=prefix)
                 if status == AppStatus.RUNNING and prefix is not None:
@@ -122,6 +127,7 @@ class SimWorld:
             proxy_healthy=True,
             routes=frozenset(routes),
             probes=probes,
+            deployed_config_hash=behaviour.deployed_hash,
         )
 
     def observe(self) -> Observation:
@@ -181,11 +187,21 @@ class SimWorld:
             self.sim[action.cluster].started_at = self.now
         elif isinstance(action, act.SubmitConfig):
             cluster = self.clusters[action.cluster]
-            self.clusters[action.cluster] = cluster.with_changes(
-                submitted_config_hash=action.config_hash, applied_config_hash=action.config_hash
-            )
-            self.sim[action.cluster].config_at = self.now
+            behaviour = self.sim[action.cluster]
             self.submissions.append(action.cluster)
+            if behaviour.lost_puts > 0:
+                behaviour.lost_puts -= 1
+                self.clusters[action.cluster] = cluster.with_changes(
+                    submitted_config_hash=action.config_hash, config_submitted_at=None
+                )
+                return
+            # Like the controller: the PUT is acknowledged, never recorded as applied (only
+            # an observation of Ray running it does that).
+            self.clusters[action.cluster] = cluster.with_changes(
+                submitted_config_hash=action.config_hash, config_submitted_at=self.now
+            )
+            behaviour.config_at = self.now
+            behaviour.deployed_hash = action.config_hash
         elif isinstance(action, act.UpdateCluster):
             self.clusters[action.cluster] = self.clusters[action.cluster].with_changes(**action.changes)
         elif isinstance(action, act.SetRoute):

@@ -255,7 +255,10 @@ class ServiceSpec(_Strict):
 
     def cluster_spec_hash(self) -> str:
         """What a cluster is made of; a change here needs a new cluster."""
-        return _digest(self.spec.rayClusterConfig.model_dump(mode="json"))
+        shape = self.spec.rayClusterConfig.model_dump(mode="json")
+        # What is packaged is the code's business: its hash is part of the Serve config's.
+        shape.pop("excludes", None)
+        return _digest(shape)
 
     def serve_config_hash(self) -> str:
         """What is submitted to Serve; a change here can be applied in place."""

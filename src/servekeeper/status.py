@@ -150,8 +150,11 @@ class ClusterRecord:
     head_pid: int | None = None  # also the process session id of every process of the head
     worker_pids: tuple[int, ...] = ()
     submitted_config_hash: str | None = None  # intent: written before the PUT
-    applied_config_hash: str | None = None  # written after the PUT succeeded
-    config_submitted_at: float | None = None
+    # What Ray was last SEEN running (its deployed_app_config matched this config), never
+    # merely what was sent: a PUT that failed or never happened leaves it unchanged.
+    applied_config_hash: str | None = None
+    config_submitted_at: float | None = None  # when Ray acknowledged the last PUT (None: not acknowledged)
+    good_config_hash: str | None = None  # the last config seen with every judged app RUNNING
     ready_at: float | None = None
     drain_started_at: float | None = None
     failure_reason: str | None = None
@@ -241,6 +244,7 @@ class AppState:
     message: str = ""
     route_prefix: str | None = None
     last_deployed_time_s: float | None = None
+    deployed_config: dict[str, Any] | None = field(default=None, compare=False)  # Ray's deployed_app_config
 
 
 @dataclass(frozen=True)
@@ -280,6 +284,8 @@ class ClusterObservation:
     probes: tuple[ProbeState, ...] = ()
     dead_workers: int = 0
     error: str | None = None
+    # Which of the configs servekeeper submitted Ray runs now, judged from deployed_app_config.
+    deployed_config_hash: str | None = None
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE services ADD COLUMN package_hash TEXT;
     ALTER TABLE clusters ADD COLUMN package_hash TEXT;
     """,
+    # 4: the document of each PUT (to recognise it in Ray's answers, and to restore it), and
+    #    per cluster the last config seen running well
+    """
+    ALTER TABLE submissions ADD COLUMN document_json TEXT;
+    ALTER TABLE clusters ADD COLUMN good_config_hash TEXT;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -347,12 +353,21 @@ class Store:
             for r in reversed(rows)
         ]
 
-    def record_submission(self, cluster: str, config_hash: str, now: float) -> None:
+    def record_submission(self, cluster: str, config_hash: str, now: float, document_json: str | None = None) -> None:
         with self.transaction() as tx:
             tx.execute(
-                "INSERT INTO submissions (cluster, config_hash, time) VALUES (?, ?, ?)",
-                (cluster, config_hash, now),
+                "INSERT INTO submissions (cluster, config_hash, time, document_json) VALUES (?, ?, ?, ?)",
+                (cluster, config_hash, now, document_json),
             )
+
+    def submitted_document(self, cluster: str, config_hash: str) -> dict[str, Any] | None:
+        """The Serve config document last PUT to `cluster` under `config_hash`, if any."""
+        rows = self._read(
+            "SELECT document_json FROM submissions WHERE cluster = ? AND config_hash = ? "
+            "AND document_json IS NOT NULL ORDER BY id DESC LIMIT 1",
+            (cluster, config_hash),
+        )
+        return dict(json.loads(rows[0][0])) if rows else None
 
     def list_submissions(self) -> list[tuple[str, str, float]]:
         rows = self._read("SELECT cluster, config_hash, time FROM submissions ORDER BY id")
@@ -435,7 +450,8 @@ class _Tx:
             "INSERT OR REPLACE INTO clusters (name, service, generation, cluster_spec_hash, cluster_spec_json, "
             "role, ports_json, temp_dir, log_dir, created_at, head_pid, worker_pids_json, "
             "submitted_config_hash, applied_config_hash, config_submitted_at, ready_at, drain_started_at, "
-            "failure_reason, package_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "failure_reason, package_hash, good_config_hash) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 c.name,
                 c.service,
@@ -456,6 +472,7 @@ class _Tx:
                 c.drain_started_at,
                 c.failure_reason,
                 c.package_hash,
+                c.good_config_hash,
             ),
         )
 
@@ -522,4 +539,5 @@ def _cluster_from_row(row: sqlite3.Row) -> ClusterRecord:
         drain_started_at=row["drain_started_at"],
         failure_reason=row["failure_reason"],
         package_hash=row["package_hash"],
+        good_config_hash=row["good_config_hash"],
     )

@@ -67,12 +67,15 @@ def test_first_apply_creates_submits_waits_for_ready_then_routes() -> None:
     world.advance(3.5)
     assert kinds(world.tick().actions) == ["SubmitConfig"]
     world.advance(1)
-    assert world.tick().actions == []  # DEPLOYING is healthy but not ready: no route yet
+    seen = world.tick()
+    # Applied only once Ray is seen running it; DEPLOYING is healthy but not ready: no route yet.
+    assert kinds(seen.actions) == ["UpdateCluster"]
     assert world.route is None
+    assert world.tick().actions == []
 
     world.advance(2.5)
     switch = world.tick()
-    assert kinds(switch.actions) == ["SetRoute", "UpdateCluster"]
+    assert kinds(switch.actions) == ["UpdateCluster", "SetRoute", "UpdateCluster"]  # last good config, switch
     assert world.route is not None and world.route.active == world.with_role(ClusterRole.ACTIVE)[0].name
     assert world.condition("Ready")
     assert world.service.observed_generation == 1
@@ -157,16 +160,88 @@ def test_serve_config_only_change_is_applied_in_place_once() -> None:
 
 
 def test_config_already_put_before_a_crash_is_adopted_not_resubmitted() -> None:
-    spec = make_spec()
-    world = rolled_out(SimWorld(spec))
+    world = rolled_out(SimWorld(make_spec()))
     world.apply(make_spec(msg="v2"))
     # The controller wrote the intent and the PUT went through, but it died before recording success.
     name = world.with_role(ClusterRole.ACTIVE)[0].name
     desired = world.spec.serve_config_hash()
     world.clusters[name] = world.clusters[name].with_changes(submitted_config_hash=desired)
+    world.sim[name].deployed_hash = desired
+    world.sim[name].config_at = world.now
     decision = world.tick()
     assert [a for a in decision.actions if isinstance(a, act.SubmitConfig)] == []
     assert act.UpdateCluster(name, {"applied_config_hash": desired}) in decision.actions
+
+
+def test_in_place_change_whose_put_never_reached_ray_is_sent_again() -> None:
+    """The old planner saw the declared app names (the old apps) and called the change applied."""
+    world = rolled_out(SimWorld(make_spec()))
+    name = world.with_role(ClusterRole.ACTIVE)[0].name
+    world.apply(make_spec(msg="v2"))
+    desired = world.spec.serve_config_hash()
+    # Crash between the audit and the PUT: the intent is stored, Ray never got the config.
+    world.clusters[name] = world.clusters[name].with_changes(submitted_config_hash=desired, config_submitted_at=None)
+    decision = world.tick()
+    assert act.SubmitConfig(name, desired) in decision.actions
+    assert world.service.observed_generation == 1, "not rolled out before Ray runs it"
+
+
+def test_failed_put_is_retried_and_observed_generation_waits_for_running() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    name = world.with_role(ClusterRole.ACTIVE)[0].name
+    world.sim[name].lost_puts = 1  # the first PUT fails (a 503, a timeout)
+    world.apply(make_spec(msg="v2"))
+    first = world.tick()
+    assert act.SubmitConfig(name, world.spec.serve_config_hash()) in first.actions
+    assert world.service.observed_generation == 1, "judged from an observation taken before the PUT"
+    world.advance(0.5)
+    assert any(isinstance(a, act.SubmitConfig) for a in world.tick().actions), "retried at once"
+    assert world.submissions == [name, name, name]
+    world.advance(0.5)
+    world.tick()
+    assert world.service.observed_generation == 1, "DEPLOYING under the new config is not rolled out"
+    world.run_for(4)
+    assert world.service.observed_generation == 2
+    assert world.clusters[name].applied_config_hash == world.spec.serve_config_hash()
+
+
+def test_acknowledged_put_that_ray_does_not_show_is_resent_after_the_verify_window() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    name = world.with_role(ClusterRole.ACTIVE)[0].name
+    world.apply(make_spec(msg="v2"))
+    world.tick()
+    world.sim[name].deployed_hash = world.clusters[name].good_config_hash  # Ray lost it after the ack
+    world.run_for(5)
+    assert len(world.submissions) == 2, "an acknowledged PUT is not resent at once"
+    world.sim[name].deployed_hash = world.clusters[name].good_config_hash
+    world.run_for(6)
+    assert len(world.submissions) == 3
+
+
+def test_in_place_change_that_fails_to_deploy_fails_the_rollout_and_restores_the_last_good_config() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    active = world.with_role(ClusterRole.ACTIVE)[0]
+    good = active.good_config_hash
+    assert good == world.spec.serve_config_hash()
+    broken = make_spec(msg="broken")
+    world.sim[active.name].failing_configs = frozenset({broken.serve_config_hash()})
+    world.apply(broken)
+    world.run_for(5)
+    assert world.condition("RolloutFailed")
+    assert world.service.observed_generation == 2, "wait ends (with the failure)"
+    assert world.sim[active.name].deployed_hash == good, "the last good config went back"
+    restores = [a for a in world.actions if isinstance(a, act.SubmitConfig) and a.restore]
+    assert restores == [act.SubmitConfig(active.name, good, restore=True)]
+    world.run_for(5)
+    assert world.condition("Ready")
+    threshold = world.spec.spec.serviceUnhealthySecondThreshold
+    world.run_for(3 * threshold)
+    assert not any(isinstance(a, act.CreateCluster) for a in world.actions[1:]), "no replacement loop"
+    assert list(world.clusters) == [active.name]
+    assert world.sim[active.name].deployed_hash == good, "the failed generation is not retried"
+    world.apply(make_spec(msg="v3"))
+    world.run_for(5)
+    assert world.service.observed_generation == 3 and not world.condition("RolloutFailed")
 
 
 def test_spec_change_while_pending_replaces_the_pending_cluster() -> None:

@@ -3,6 +3,7 @@ compare-and-set writes, and use from many threads at once."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -117,7 +118,7 @@ def test_a_schema_2_store_gets_the_package_hash_columns(tmp_path: Path) -> None:
     old.commit()
     old.close()
     store = Store(path)
-    assert store.schema_version == SCHEMA_VERSION == 3
+    assert store.schema_version == SCHEMA_VERSION == 4
     before = store.get_service("svc")
     assert before is not None and before.generation == 3 and before.package_hash is None
     same, changed = store.apply_spec("svc", "{}", now=2.0)
@@ -126,8 +127,21 @@ def test_a_schema_2_store_gets_the_package_hash_columns(tmp_path: Path) -> None:
     assert changed and coded.generation == 4 and store.get_service("svc") == coded
     store.put_cluster(cluster().with_changes(package_hash="pkg-1"))
     assert store.get_cluster(cluster().name).package_hash == "pkg-1"  # type: ignore[union-attr]
+    store.update_cluster(cluster().name, good_config_hash="good-1")
+    assert store.get_cluster(cluster().name).good_config_hash == "good-1"  # type: ignore[union-attr]
     store.close()
     assert Store(path).schema_version == SCHEMA_VERSION  # a second open migrates nothing
+
+
+def test_submitted_documents_are_kept_for_recognition_and_restore(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store.db")
+    assert store.submitted_document("c1", "h1") is None
+    store.record_submission("c1", "h1", 1.0, json.dumps({"applications": [{"name": "a"}]}))
+    store.record_submission("c1", "h1", 2.0, json.dumps({"applications": [{"name": "b"}]}))
+    store.record_submission("c2", "h1", 3.0)  # an audit row without a document (schema 2 and 3)
+    assert store.submitted_document("c1", "h1") == {"applications": [{"name": "b"}]}
+    assert store.submitted_document("c2", "h1") is None
+    assert [row[:2] for row in store.list_submissions()] == [("c1", "h1"), ("c1", "h1"), ("c2", "h1")]
 
 
 @pytest.mark.parametrize(

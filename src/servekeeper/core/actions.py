@@ -25,6 +25,7 @@ class StartCluster:
 class SubmitConfig:
     cluster: str
     config_hash: str
+    restore: bool = False  # the cluster's last good config, after a failed in-place change
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ def parse_applications(serve_status: dict[str, Any]) -> dict[str, AppState]:
             message=str(details.get("message") or ""),
             route_prefix=details.get("route_prefix"),
             last_deployed_time_s=details.get("last_deployed_time_s"),
+            deployed_config=details.get("deployed_app_config"),
         )
     return apps
 

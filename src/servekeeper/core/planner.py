@@ -21,10 +21,12 @@ from servekeeper.core.actions import (
     UpdateCluster,
 )
 from servekeeper.core.health import Verdict, health, judged_apps, readiness, switch_allowed
+from servekeeper.core.serve_config import desired_config_hash
 from servekeeper.spec import RayClusterConfigSpec, ServiceSpec
 from servekeeper.status import (
     FAILED_APP_STATUSES,
     AppSource,
+    AppStatus,
     ClusterObservation,
     ClusterRecord,
     ClusterRole,
@@ -39,6 +41,9 @@ from servekeeper.status import (
 # An old cluster is kept at least this long after the switch: requests already on their way
 # to it (accepted by the ingress a moment before the switch) must reach it.
 MIN_DRAIN_SECONDS = 2.0
+# Ray acknowledged a PUT but does not show the config yet: wait this long before sending it
+# again (a PUT is idempotent for Ray, so a retry can only cost a little time).
+CONFIG_VERIFY_SECONDS = 10.0
 
 
 @dataclass
@@ -76,7 +81,7 @@ class _Planner:
         self.declared = spec.declared_apps()
         self.all_apps = spec.judges_imperative_apps
         self.desired_cluster_hash = spec.cluster_spec_hash()
-        self.desired_config_hash = spec.serve_config_hash()
+        self.desired_config_hash = desired_config_hash(spec, service.package_hash)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -128,6 +133,7 @@ class _Planner:
             self._delete_service()
             return self.plan
         self._restart_interrupted_work()
+        self._record_deployed_configs()
         self._finish_acknowledged_switch()
         pending = self._one(ClusterRole.PENDING)
         if pending is not None:
@@ -154,6 +160,24 @@ class _Planner:
                 self._do(DeleteCluster(cluster.name, "DeletionResumed"))
             elif cluster.head_pid is None or len(cluster.worker_pids) < _expected_workers(cluster):
                 self._do(StartCluster(cluster.name))
+
+    def _record_deployed_configs(self) -> None:
+        """Applied means observed: record which config Ray runs, and the last one that ran well."""
+        for cluster in list(self.clusters.values()):
+            if cluster.role == ClusterRole.DELETING:
+                continue
+            observed = self._observed(cluster)
+            deployed = observed.deployed_config_hash
+            if deployed is None or observed.apps is None:
+                continue
+            if deployed != cluster.applied_config_hash:
+                cluster = self._update_cluster(cluster, applied_config_hash=deployed)
+            judged = judged_apps(observed.apps, self.declared, self.all_apps)
+            running = all(name in judged for name in self.declared) and all(
+                app.status == AppStatus.RUNNING for app in judged.values()
+            )
+            if running and cluster.good_config_hash != deployed:
+                self._update_cluster(cluster, good_config_hash=deployed)
 
     def _finish_acknowledged_switch(self) -> None:
         """The ingress already routes to the pending cluster but the store does not say so:
@@ -209,6 +233,8 @@ class _Planner:
         if pending.applied_config_hash != self.desired_config_hash:
             self._apply_config(pending, observed)
             return
+        if observed.deployed_config_hash != self.desired_config_hash:
+            return  # Ray is not seen running it at this moment: judge nothing on this look
         verdict = self._switch_verdict(observed)
         if verdict.ok:
             active = self._one(ClusterRole.ACTIVE)
@@ -236,21 +262,25 @@ class _Planner:
                 self._update_service(failed_generation=self.service.generation, failure_reason=reason)
                 self._event("RolloutFailed", reason, warning=True)
             return
-        already_there = (
-            cluster.submitted_config_hash == self.desired_config_hash
-            and observed.apps is not None
-            and all(name in observed.apps for name in self.declared)
+        self._submit(cluster, self.desired_config_hash)
+
+    def _submit(self, cluster: ClusterRecord, config_hash: str, restore: bool = False) -> None:
+        """PUT a config unless Ray acknowledged that very PUT a moment ago.
+
+        A config Ray already runs was recorded as applied before we get here, so a PUT that
+        went through before a crash is never sent twice; one that failed, timed out or never
+        happened is sent again (Ray treats the same config as a no-op)."""
+        acknowledged = (
+            cluster.submitted_config_hash == config_hash
+            and cluster.config_submitted_at is not None
+            and self.now - cluster.config_submitted_at < CONFIG_VERIFY_SECONDS
         )
-        if already_there:
-            # The PUT went through before a crash but its success was never recorded:
-            # adopt it instead of submitting the same config a second time.
-            self._update_cluster(cluster, applied_config_hash=self.desired_config_hash)
+        if acknowledged:
             return
-        self._do(SubmitConfig(cluster.name, self.desired_config_hash))
-        self.clusters[cluster.name] = cluster.with_changes(
-            submitted_config_hash=self.desired_config_hash, applied_config_hash=self.desired_config_hash
-        )
-        self._event("ConfigSubmitted", f"Serve config {self.desired_config_hash} submitted to {cluster.name}")
+        self._do(SubmitConfig(cluster.name, config_hash, restore=restore))
+        self.clusters[cluster.name] = cluster.with_changes(submitted_config_hash=config_hash, config_submitted_at=None)
+        verb = "restoring the last good" if restore else "submitted"
+        self._event("ConfigSubmitted", f"Serve config {config_hash} {verb} to {cluster.name}")
 
     def _fail_rollout(self, pending: ClusterRecord, reason: str) -> None:
         self._delete(pending, "RolloutFailed")
@@ -270,6 +300,14 @@ class _Planner:
                 self._create(ClusterRole.PENDING, "FirstApply" if first else "NoActiveCluster")
             return
         observed = self._observed(active)
+        if active.cluster_spec_hash == self.desired_cluster_hash and self._in_place_failed(active, observed):
+            return
+        if self._restoring(active):
+            # The failure is the new config's and the last good one is going back: health is
+            # not judged meanwhile, so no replacement (with the same broken config) starts.
+            if observed.dashboard_ok:
+                self._submit(active, active.good_config_hash, restore=True)  # type: ignore[arg-type]
+            return
         verdict = health(observed, self.declared, self.all_apps)
         self._track_health(verdict)
         if active.cluster_spec_hash != self.desired_cluster_hash:
@@ -286,6 +324,36 @@ class _Planner:
                 self._create(ClusterRole.PENDING, "ServeConfigChanged")
             elif observed.dashboard_ok:
                 self._apply_config(active, observed)
+
+    def _in_place_failed(self, active: ClusterRecord, observed: ClusterObservation) -> bool:
+        """The desired config runs on the active cluster and one of its apps failed: the
+        rollout failed (never retried blindly, never replaced in a loop), and the last good
+        config goes back on the cluster."""
+        if self._rollout_failed or active.applied_config_hash != self.desired_config_hash:
+            return False
+        if observed.deployed_config_hash != self.desired_config_hash or observed.apps is None:
+            return False
+        if active.good_config_hash == self.desired_config_hash:
+            return False  # it ran well under this config: a later failure is a health matter
+        for name, app in sorted(judged_apps(observed.apps, self.declared, self.all_apps).items()):
+            if app.status in FAILED_APP_STATUSES:
+                reason = f"AppFailed: application {name!r} is {app.status.value}: {app.message}".rstrip(": ")
+                self._update_service(
+                    failed_generation=self.service.generation, failure_reason=reason, unhealthy_since=None
+                )
+                self._event("RolloutFailed", reason, warning=True)
+                if active.good_config_hash is not None:
+                    self._submit(active, active.good_config_hash, restore=True)
+                return True
+        return False
+
+    def _restoring(self, active: ClusterRecord) -> bool:
+        return (
+            self._rollout_failed
+            and active.good_config_hash is not None
+            and active.applied_config_hash != active.good_config_hash
+            and active.applied_config_hash == self.desired_config_hash
+        )
 
     def _track_health(self, verdict: Verdict) -> None:
         since = self.plan.service.unhealthy_since
@@ -407,6 +475,9 @@ class _Planner:
             and pending is None
             and active.cluster_spec_hash == self.desired_cluster_hash
             and active.applied_config_hash == self.desired_config_hash
+            # Seen in this very observation, taken after any PUT of an earlier tick: the apps
+            # are RUNNING under the new config, not the old one.
+            and self._observed(active).deployed_config_hash == self.desired_config_hash
             and ready[0]
         )
         if rolled_out or self._rollout_failed or outdated:

@@ -1,20 +1,33 @@
-"""Pure: the Serve config document servekeeper submits to one cluster."""
+"""Pure: the Serve config document servekeeper submits to one cluster, and whether Ray runs it."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from typing import Any
 
 from servekeeper.spec import ServiceSpec
-from servekeeper.status import ClusterRecord
+from servekeeper.status import AppSource, AppState, ClusterRecord
 
 
-def build_serve_config(spec: ServiceSpec, cluster: ClusterRecord) -> dict[str, Any]:
-    """The user's serveConfig plus what servekeeper owns: the ports and the proxy location.
+def desired_config_hash(spec: ServiceSpec, package_hash: str | None) -> str:
+    """What a cluster's Serve config must be: the spec's Serve config and the code package.
+
+    A code-only change (a new package hash) is a new config, rolled out like any other."""
+    if package_hash is None:
+        return spec.serve_config_hash()
+    joined = json.dumps([spec.serve_config_hash(), package_hash])
+    return hashlib.sha256(joined.encode()).hexdigest()[:16]
+
+
+def build_serve_config(spec: ServiceSpec, cluster: ClusterRecord, package_uri: str | None = None) -> dict[str, Any]:
+    """The user's serveConfig plus what servekeeper owns: the ports, the proxy location, the code.
 
     `proxy_location: HeadOnly` because several raylets on one machine would otherwise each
-    start a proxy on the same port. The app code directory is handed to Serve as a
-    `local://` working_dir, which Serve accepts for directories present on every node.
+    start a proxy on the same port. The code is the immutable package uploaded to the cluster
+    (`gcs://_ray_pkg_<hash>.zip`), so editing files on disk never reaches a running cluster; a
+    remote workingDir URI is handed to Ray as it is.
     """
     document = copy.deepcopy(spec.spec.serveConfig.model_dump(mode="json", exclude_unset=True))
     http_options = dict(document.get("http_options") or {})
@@ -25,10 +38,39 @@ def build_serve_config(spec: ServiceSpec, cluster: ClusterRecord) -> dict[str, A
     document["grpc_options"] = grpc_options
     document["proxy_location"] = "HeadOnly"
     working_dir = spec.spec.rayClusterConfig.workingDir
-    if working_dir:
+    uri = package_uri
+    if uri is None and working_dir:
         uri = working_dir if "://" in working_dir else f"local://{working_dir}"
+    if uri is not None:
         for app in document["applications"]:
             runtime_env = dict(app.get("runtime_env") or {})
             runtime_env.setdefault("working_dir", uri)
             app["runtime_env"] = runtime_env
     return document
+
+
+def _contains(expected: Any, observed: Any) -> bool:
+    """Every value servekeeper sent is in what Ray reports (Ray may add defaults of its own)."""
+    if isinstance(expected, dict):
+        return isinstance(observed, dict) and all(
+            key in observed and _contains(value, observed[key]) for key, value in expected.items()
+        )
+    if isinstance(expected, list):
+        return (
+            isinstance(observed, list)
+            and len(expected) == len(observed)
+            and all(_contains(e, o) for e, o in zip(expected, observed, strict=True))
+        )
+    return bool(expected == observed)
+
+
+def config_deployed(document: dict[str, Any], apps: dict[str, AppState]) -> bool:
+    """Does Ray run this document? Judged app by app from `deployed_app_config`, never by
+    names: on an active cluster the declared names always exist (they are the old apps)."""
+    for expected in document["applications"]:
+        observed = apps.get(expected.get("name", "default"))
+        if observed is None or observed.source == AppSource.IMPERATIVE or observed.deployed_config is None:
+            return False
+        if not _contains(expected, observed.deployed_config):
+            return False
+    return True

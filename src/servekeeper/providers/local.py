@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from servekeeper.faults import crash_point
+from servekeeper.faults import Hooks
 from servekeeper.providers.base import ProviderError
 from servekeeper.spec import HeadGroupSpec, RayClusterConfigSpec
 from servekeeper.status import ClusterRecord, NodePorts
@@ -167,15 +166,20 @@ async def _wait_for_port(port: int, timeout: float) -> bool:
     deadline = loop.time() + timeout
     while loop.time() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        except OSError:
+            _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 0.5)
+        except (OSError, asyncio.TimeoutError):
             await asyncio.sleep(0.25)
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
     return False
 
 
 class LocalProvider:
-    def __init__(self) -> None:
+    def __init__(self, hooks: Hooks | None = None) -> None:
+        self.hooks = hooks or Hooks()
         # Children we started in this process: reaped so they do not linger as zombies.
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -263,20 +267,20 @@ class LocalProvider:
         return sorted(pids)
 
     async def stop(self, cluster: ClusterRecord) -> list[int]:
-        sessions = tuple(pid for pid in cluster.session_ids if _session_is_ours(pid, cluster.temp_dir))
+        sessions = await asyncio.to_thread(
+            lambda: tuple(pid for pid in cluster.session_ids if _session_is_ours(pid, cluster.temp_dir))
+        )
         for session in sessions:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(session, signal.SIGTERM)
-        crash_point("deleting-old")
+        self.hooks.reached("deleting-old", cluster)
         await self._wait_gone(sessions, cluster.log_dir, TERM_GRACE_SECONDS)
         # gcs_server, the raylet and the actor workers often outlive SIGTERM: kill what is left,
         # each actor worker by pid since it sits in a process group of its own.
-        for process in session_members(sessions) + tagged_processes(cluster.log_dir):
-            with contextlib.suppress(psutil.Error):
-                process.kill()
+        await asyncio.to_thread(_kill_all, sessions, cluster.log_dir)
         leftovers = await self._wait_gone(sessions, cluster.log_dir, KILL_GRACE_SECONDS)
         self._reap()
-        shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+        await asyncio.to_thread(shutil.rmtree, cluster.temp_dir, True)
         if leftovers:
             logger.warning("[%s/%s] processes survived SIGKILL: %s", cluster.service, cluster.name, leftovers)
         return leftovers
@@ -286,12 +290,22 @@ class LocalProvider:
         deadline = loop.time() + timeout
         while True:
             self._reap()
-            alive = [process.pid for process in session_members(sessions)]
-            if not alive:
-                alive = [process.pid for process in tagged_processes(log_dir)]
+            # A scan of /proc: in a worker thread, never on the loop that serves ticks and the API.
+            alive = await asyncio.to_thread(_alive_members, sessions, log_dir)
             if not alive or loop.time() >= deadline:
                 return alive
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.25)
+
+
+def _alive_members(sessions: tuple[int, ...], log_dir: str) -> list[int]:
+    alive = [process.pid for process in session_members(sessions)]
+    return alive or [process.pid for process in tagged_processes(log_dir)]
+
+
+def _kill_all(sessions: tuple[int, ...], log_dir: str) -> None:
+    for process in session_members(sessions) + tagged_processes(log_dir):
+        with contextlib.suppress(psutil.Error):
+            process.kill()
 
 
 def _worker_log_names(cluster: ClusterRecord) -> list[str]:
