@@ -213,6 +213,8 @@ def describe(name: str, state_dir: StateDir = None) -> None:
             f"{cluster['trafficPercent']}% traffic)  gcs {cluster['address']}  "
             f"dashboard {cluster['dashboardUrl']}  serve {cluster['serveUrl']}"
         )
+        package = (cluster.get("packageHash") or "-")[:16]
+        console.print(f"  config {cluster.get('appliedConfigHash') or '-'}  code package {package}")
         apps = Table("APPLICATION", "STATUS", "SOURCE", "MESSAGE", box=None)
         for app_name, app_state in cluster["applications"].items():
             apps.add_row(app_name, app_state["status"], app_state["source"], app_state["message"][:200])

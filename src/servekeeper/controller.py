@@ -384,7 +384,7 @@ class Controller:
         self._documents[(cluster.name, action.config_hash)] = document
         self.hooks.reached("config-audited", cluster, service.generation)
         try:
-            await self.hooks.before_config_put(cluster)
+            await self.hooks.before_config_put(cluster, service.generation)
             await self.serve.put_config(cluster.dashboard_url, document)
         except RetryableServeError as exc:
             logger.info("[%s/%s] config PUT will be retried: %s", service.name, cluster.name, exc)

@@ -40,7 +40,7 @@ class Hooks:
     def reached(self, point: str, cluster: ClusterRecord | None = None, service_generation: int = 0) -> None:
         return None
 
-    async def before_config_put(self, cluster: ClusterRecord) -> None:
+    async def before_config_put(self, cluster: ClusterRecord, service_generation: int = 0) -> None:
         return None
 
     def after_tick(self, clusters: Sequence[ClusterRecord], actions: Sequence[act.Action]) -> None:
@@ -67,8 +67,8 @@ class InjectedFaults(Hooks):
         if max(service_generation, cluster.generation if cluster else 0) >= 2:
             self._crash(point)
 
-    async def before_config_put(self, cluster: ClusterRecord) -> None:
-        if self.fail_puts > 0:
+    async def before_config_put(self, cluster: ClusterRecord, service_generation: int = 0) -> None:
+        if self.fail_puts > 0 and service_generation >= 2:
             self.fail_puts -= 1
             raise RetryableServeError(f"PUT applications answered 503: injected by {FAIL_PUTS_ENV}")
 

@@ -120,13 +120,16 @@ class Servekeeper:
             )
         return result
 
-    def up(self, gate: str | None = None, crash_at: str | None = None) -> None:
-        """Start the daemon. `crash_at` arms a crash point for this daemon only (not its successor)."""
+    def up(self, gate: str | None = None, crash_at: str | None = None, fail_config_puts: int = 0) -> None:
+        """Start the daemon. `crash_at` arms a crash point for this daemon only (not its successor);
+        `fail_config_puts` makes its first N config PUTs of a non-first generation fail like a 503."""
         if gate is not None:
             self.env["SERVEKEEPER_UNSAFE_SWITCH_GATE"] = gate
         saved = dict(self.env)
         if crash_at is not None:
             self.env["SERVEKEEPER_TEST_CRASH_AT"] = crash_at
+        if fail_config_puts:
+            self.env["SERVEKEEPER_TEST_FAIL_CONFIG_PUTS"] = str(fail_config_puts)
         try:
             self.cli("up", "--detach", timeout=90)
         finally:

@@ -27,12 +27,22 @@ def parse_applications(serve_status: dict[str, Any]) -> dict[str, AppState]:
             name=name,
             status=AppStatus.parse(str(details.get("status", ""))),
             source=AppSource.parse(details.get("source")),
-            message=str(details.get("message") or ""),
+            message=_message(details),
             route_prefix=details.get("route_prefix"),
             last_deployed_time_s=details.get("last_deployed_time_s"),
             deployed_config=details.get("deployed_app_config"),
         )
     return apps
+
+
+def _message(details: dict[str, Any]) -> str:
+    """The app's message, with the cause of each failed deployment: Ray's app-level text alone
+    ("Failed to update the deployments ['X']") does not say why."""
+    message = str(details.get("message") or "")
+    for name, deployment in sorted((details.get("deployments") or {}).items()):
+        if deployment.get("status") in ("DEPLOY_FAILED", "UNHEALTHY") and deployment.get("message"):
+            message += f" {name}: {str(deployment['message'])[-600:]}"
+    return message.strip()
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffi
         "headPid": cluster.head_pid,
         "workerPids": list(cluster.worker_pids),
         "appliedConfigHash": cluster.applied_config_hash,
+        "goodConfigHash": cluster.good_config_hash,
+        "packageHash": cluster.package_hash,
         "createdAt": cluster.created_at,
         "headAlive": observed.processes_alive if observed else None,
         "applications": apps,
