@@ -16,6 +16,7 @@ import httpx
 import psutil
 
 from servekeeper.dataplane import Backend, DataPlane
+from servekeeper.dataplane.render import CLUSTER_TYPE
 from tests.dataplane.conftest import PlaneFactory, UpstreamFactory, admin_get, free_port, process_configs, route
 
 
@@ -139,3 +140,36 @@ async def test_admin_listens_on_loopback_only(make_plane: PlaneFactory) -> None:
         listening = [c for c in psutil.Process(info.pid).net_connections("inet") if c.status == psutil.CONN_LISTEN]
         assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening), listening
         assert any(c.laddr.port == info.admin_port for c in listening)
+
+
+async def test_supervisor_resyncs_a_process_that_rejected_its_files(
+    make_plane: PlaneFactory, upstream: UpstreamFactory
+) -> None:
+    a = await upstream("a")
+    plane = await make_plane()
+    port = free_port()
+    await plane.set_route(route("svc", port, [Backend("a", (a.endpoint,))], {"a": 100}))
+    # Someone (a bug, a hand edit) gave envoy-1 a file it rejects: its files and state now differ.
+    cds = plane.dir / "envoy-1" / "cds.json"
+    bogus = {
+        "version_info": "999999",
+        "resources": [{"@type": CLUSTER_TYPE, "name": "http-a", "connect_timeout": "-5s"}],
+    }
+    tmp = cds.with_name("bogus.tmp")
+    tmp.write_text(json.dumps(bogus))
+    os.replace(tmp, cds)
+    stop = asyncio.Event()
+    supervisor = asyncio.create_task(plane.supervise(stop, sync_interval_s=0.2))
+    try:
+        deadline = time.monotonic() + 5
+        while json.loads(cds.read_text())["version_info"] == "999999":
+            assert time.monotonic() < deadline, "envoy-1 was not re-synced"
+            await asyncio.sleep(0.05)
+        applied = (await process_configs(plane))[1]
+        assert applied.cds_version == json.loads(cds.read_text())["version_info"]
+        assert applied.active_clusters == {"http-a"}
+    finally:
+        stop.set()
+        await supervisor
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(f"http://127.0.0.1:{port}/")).text == "a"

@@ -14,7 +14,8 @@ from servekeeper.dataplane.model import (
     RouteObservation,
     ServiceRoute,
 )
-from servekeeper.dataplane.plane import DataPlane, ProcessInfo
+from servekeeper.dataplane.plane import DataPlane
+from servekeeper.dataplane.process import ProcessInfo
 
 __all__ = [
     "Backend",

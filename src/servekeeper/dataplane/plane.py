@@ -13,14 +13,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
 import aiohttp
 
-from servekeeper.dataplane.admin import AdminClient, ProcessConfig, inflight
+from servekeeper.dataplane.admin import AdminClient, ProcessConfig
 from servekeeper.dataplane.model import (
     BackendStats,
     DataPlaneError,
@@ -29,8 +28,10 @@ from servekeeper.dataplane.model import (
     route_from_json,
     route_to_json,
 )
+from servekeeper.dataplane.observe import observe_routes, sum_backend_stats, version_acknowledged
 from servekeeper.dataplane.process import (
     EnvoyProcess,
+    ProcessInfo,
     find_envoy_binary,
     load_records,
     save_records,
@@ -39,8 +40,6 @@ from servekeeper.dataplane.process import (
     write_atomically,
 )
 from servekeeper.dataplane.render import (
-    HTTP,
-    backend_of,
     listener_name,
     render_bootstrap,
     render_clusters,
@@ -54,13 +53,6 @@ from servekeeper.ports import PortAllocator, port_is_free
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    index: int
-    pid: int
-    admin_port: int
 
 
 class DataPlane:
@@ -133,58 +125,10 @@ class DataPlane:
         summed over the processes. Raises DataPlaneError if any process cannot be read: the
         caller must then treat every backend as busy, never as idle."""
         answers = await self._read_all(lambda admin, port: asyncio.gather(admin.config(port), admin.stats(port)))
-        per_process_weights: list[dict[str, dict[str, int]]] = []
-        busy: dict[str, int] = {}
-        for config, stats in answers:
-            weights: dict[str, dict[str, int]] = {}
-            for name, clusters in config.route_weights.items():
-                protocol, _, service = name.partition("-")
-                if protocol == HTTP:
-                    weights[service] = {
-                        owner[1]: weight for cluster, weight in clusters.items() if (owner := backend_of(cluster))
-                    }
-            per_process_weights.append(weights)
-            for backend, counters in stats.items():
-                busy[backend] = busy.get(backend, 0) + inflight(counters)
-        observed: dict[str, RouteObservation] = {}
-        for service in sorted({s for weights in per_process_weights for s in weights}):
-            seen = [weights.get(service) for weights in per_process_weights]
-            merged: dict[str, int] = {}
-            for one in seen:
-                for backend, weight in (one or {}).items():
-                    merged[backend] = max(merged.get(backend, 0), weight)
-            observed[service] = RouteObservation(
-                service=service,
-                weights=merged,
-                in_sync=all(one == seen[0] for one in seen),
-                inflight={backend: busy.get(backend, 0) for backend in merged},
-            )
-        return observed
+        return observe_routes(answers)
 
     async def backend_stats(self) -> dict[str, BackendStats]:
-        answers = await self._read_all(lambda admin, port: admin.stats(port))
-        totals: dict[str, dict[str, int]] = {}
-        buckets: dict[str, dict[float, int]] = {}
-        for stats in answers:
-            for backend, counters in stats.items():
-                into = totals.setdefault(backend, {})
-                for key in ("upstream_rq_total", "upstream_rq_2xx", "upstream_rq_4xx", "upstream_rq_5xx"):
-                    into[key] = into.get(key, 0) + counters.values.get(key, 0)
-                into["active"] = into.get("active", 0) + inflight(counters)
-                for bound, count in counters.latency_ms_buckets.items():
-                    buckets.setdefault(backend, {})[bound] = buckets.get(backend, {}).get(bound, 0) + count
-        return {
-            backend: BackendStats(
-                backend=backend,
-                rq_total=t["upstream_rq_total"],
-                rq_2xx=t["upstream_rq_2xx"],
-                rq_4xx=t["upstream_rq_4xx"],
-                rq_5xx=t["upstream_rq_5xx"],
-                rq_active=t["active"],
-                latency_ms_buckets=dict(sorted(buckets.get(backend, {}).items())),
-            )
-            for backend, t in sorted(totals.items())
-        }
+        return sum_backend_stats(await self._read_all(lambda admin, port: admin.stats(port)))
 
     async def healthy(self) -> bool:
         if len(self._processes) < self._count or not all(p.alive() for p in self._processes.values()):
@@ -315,18 +259,25 @@ class DataPlane:
         payload = {"version": self._version, "routes": [route_to_json(r) for r in routes.values()]}
         write_atomically(self.dir / "desired.json", json.dumps(payload, indent=1))
 
-    def _write_final(self, index: int, routes: dict[str, ServiceRoute], force: bool = False) -> None:
+    def _write_final(self, index: int, routes: dict[str, ServiceRoute], applied: ProcessConfig | None = None) -> None:
+        """The desired routes straight into a process's files, for a process that has not started
+        yet or whose state is unknown. With `applied`, each file keeps the version the process
+        reports: Envoy leaves its version alone on an update that changes nothing, so a fresh
+        version would make a process that already has the right config look behind forever,
+        while the reported one converges either way (applied, or already there)."""
         files = self._files[index]
+        applied = applied or ProcessConfig()
         for name, config in render_route_configs(routes.values()).items():
-            XdsFiles.write(files.route_path(name), self._next_version(), {name: config}, force)
-        XdsFiles.write(files.cds, self._next_version(), render_clusters(routes.values()), force)
-        XdsFiles.write(files.lds, self._next_version(), render_listeners(routes.values(), files.dir), force)
+            version = applied.route_versions.get(name) or self._next_version()
+            XdsFiles.write(files.route_path(name), version, {name: config}, force=True)
+        clusters = render_clusters(routes.values())
+        XdsFiles.write(files.cds, applied.cds_version or self._next_version(), clusters, force=True)
+        listeners = render_listeners(routes.values(), files.dir)
+        XdsFiles.write(files.lds, applied.lds_version or self._next_version(), listeners, force=True)
 
-    async def _push(
-        self, routes: dict[str, ServiceRoute], indices: Iterable[int] | None = None, force: bool = False
-    ) -> None:
+    async def _push(self, routes: dict[str, ServiceRoute]) -> None:
         """Make before break, each stage acknowledged by every process before the next one."""
-        targets = sorted(indices if indices is not None else self._files)
+        targets = sorted(self._files)
         self._save_desired(routes)  # intent first: a crash from here on is finished by the next DataPlane
         self._routes = dict(routes)
         final_clusters = render_clusters(routes.values())
@@ -337,12 +288,12 @@ class DataPlane:
         for i in targets:
             current = XdsFiles.read(self._files[i].cds)[1]
             union = union_clusters(current, final_clusters)
-            expected[i] = (XdsFiles.write(self._files[i].cds, self._next_version(), union, force), set(union))
+            expected[i] = (XdsFiles.write(self._files[i].cds, self._next_version(), union), set(union))
         await self._wait(
             targets,
             "clusters",
             lambda i, c: (
-                _version_ok(c.cds_version, expected[i][0], expected[i][1])
+                version_acknowledged(c.cds_version, expected[i][0], expected[i][1])
                 and expected[i][1] <= c.active_clusters
                 and not (expected[i][1] & c.warming_clusters)
             ),
@@ -355,32 +306,30 @@ class DataPlane:
         for i in targets:
             files = self._files[i]
             route_versions[i] = {
-                name: XdsFiles.write(files.route_path(name), self._next_version(), {name: config}, force)
+                name: XdsFiles.write(files.route_path(name), self._next_version(), {name: config})
                 for name, config in route_configs.items()
             }
             lds_versions[i] = XdsFiles.write(
-                files.lds, self._next_version(), render_listeners(routes.values(), files.dir), force
+                files.lds, self._next_version(), render_listeners(routes.values(), files.dir)
             )
         listeners = {listener_name(*name.split("-", 1)) for name in route_configs}
         await self._wait(
             targets,
             "routes and listeners",
             lambda i, c: (
-                _version_ok(c.lds_version, lds_versions[i], listeners)
+                version_acknowledged(c.lds_version, lds_versions[i], listeners)
                 and listeners == c.active_listeners
                 and all(c.route_versions.get(name) == version for name, version in route_versions[i].items())
             ),
         )
 
         # 3. Break: drop the clusters no route references any more.
-        final_versions = {
-            i: XdsFiles.write(self._files[i].cds, self._next_version(), final_clusters, force) for i in targets
-        }
+        final_versions = {i: XdsFiles.write(self._files[i].cds, self._next_version(), final_clusters) for i in targets}
         await self._wait(
             targets,
             "cluster removal",
             lambda i, c: (
-                _version_ok(c.cds_version, final_versions[i], final_clusters)
+                version_acknowledged(c.cds_version, final_versions[i], final_clusters)
                 and c.active_clusters == set(final_clusters)
             ),
         )
@@ -420,10 +369,9 @@ class DataPlane:
 
     async def _resync_behind(self) -> None:
         """A process whose applied versions differ from its files (it rejected or missed a reload)
-        gets the desired routes again, with new versions."""
+        gets the desired routes again."""
         async with self._lock:
             admin = self._admin()
-            behind = []
             for i, process in sorted(self._processes.items()):
                 if not process.alive():
                     continue
@@ -432,22 +380,19 @@ class DataPlane:
                 except DataPlaneError:
                     continue  # starting, or about to be restarted
                 if not self._in_step(i, config):
-                    behind.append(i)
-            if behind:
-                logger.warning("[dataplane] envoy processes %s are behind their files; pushing again", behind)
-                await self._push(self._routes, behind, force=True)
+                    logger.warning("[dataplane] envoy-%d is behind its files; writing the desired routes again", i)
+                    self._write_final(i, self._routes, config)
 
     def _in_step(self, index: int, config: ProcessConfig) -> bool:
         files = self._files[index]
         cds_version, clusters = XdsFiles.read(files.cds)
         lds_version, listeners = XdsFiles.read(files.lds)
-        if not _version_ok(config.cds_version, cds_version, clusters) or config.active_clusters != set(clusters):
+        if not version_acknowledged(config.cds_version, cds_version, clusters) or config.active_clusters != set(
+            clusters
+        ):
             return False
-        if not _version_ok(config.lds_version, lds_version, listeners) or config.active_listeners != set(listeners):
+        if not version_acknowledged(config.lds_version, lds_version, listeners) or config.active_listeners != set(
+            listeners
+        ):
             return False
         return all(config.route_versions.get(n) == XdsFiles.read(files.route_path(n))[0] for n in files.route_names())
-
-
-def _version_ok(applied: str | None, written: str | None, resources: Collection[str]) -> bool:
-    """Envoy reports no version for an empty CDS or LDS file: then only the resources tell."""
-    return applied == written or not resources

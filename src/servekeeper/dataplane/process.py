@@ -22,6 +22,15 @@ import psutil
 from servekeeper.dataplane.model import DataPlaneError
 
 
+@dataclass(frozen=True)
+class ProcessInfo:
+    """What callers may know of a process (tests, benchmarks)."""
+
+    index: int
+    pid: int
+    admin_port: int
+
+
 @dataclass
 class EnvoyProcess:
     index: int

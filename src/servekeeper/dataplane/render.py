@@ -84,7 +84,7 @@ def render_cluster(protocol: str, backend: Backend) -> Resource:
         "name": name,
         "type": "STATIC" if all(_is_ip(e.host) for e in endpoints) else "STRICT_DNS",
         "connect_timeout": "1s",
-        "lb_policy": "LEAST_REQUEST",
+        "lb_policy": "ROUND_ROBIN",  # a retry then goes to the next host for sure
         "load_assignment": {
             "cluster_name": name,
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(e.host, e.port)}} for e in endpoints]}],
@@ -169,7 +169,7 @@ def render_route_config(protocol: str, route: ServiceRoute) -> Resource:
                                         },
                                     }
                                 ],
-                                "host_selection_retry_max_attempts": 3,
+                                "host_selection_retry_max_attempts": 5,
                             },
                         },
                     }

@@ -1,0 +1,69 @@
+"""Turning what every Envoy process reports into one view per service and per backend (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from servekeeper.dataplane.admin import ClusterCounters, ProcessConfig, inflight
+from servekeeper.dataplane.model import BackendStats, RouteObservation
+from servekeeper.dataplane.render import HTTP, backend_of
+
+
+def observe_routes(answers: Sequence[tuple[ProcessConfig, dict[str, ClusterCounters]]]) -> dict[str, RouteObservation]:
+    per_process_weights: list[dict[str, dict[str, int]]] = []
+    busy: dict[str, int] = {}
+    for config, stats in answers:
+        weights: dict[str, dict[str, int]] = {}
+        for name, clusters in config.route_weights.items():
+            protocol, _, service = name.partition("-")
+            if protocol == HTTP:
+                weights[service] = {
+                    owner[1]: weight for cluster, weight in clusters.items() if (owner := backend_of(cluster))
+                }
+        per_process_weights.append(weights)
+        for backend, counters in stats.items():
+            busy[backend] = busy.get(backend, 0) + inflight(counters)
+    observed: dict[str, RouteObservation] = {}
+    for service in sorted({s for weights in per_process_weights for s in weights}):
+        seen = [weights.get(service) for weights in per_process_weights]
+        merged: dict[str, int] = {}
+        for one in seen:
+            for backend, weight in (one or {}).items():
+                merged[backend] = max(merged.get(backend, 0), weight)
+        observed[service] = RouteObservation(
+            service=service,
+            weights=merged,
+            in_sync=all(one == seen[0] for one in seen),
+            inflight={backend: busy.get(backend, 0) for backend in merged},
+        )
+    return observed
+
+
+def sum_backend_stats(answers: Sequence[dict[str, ClusterCounters]]) -> dict[str, BackendStats]:
+    totals: dict[str, dict[str, int]] = {}
+    buckets: dict[str, dict[float, int]] = {}
+    for stats in answers:
+        for backend, counters in stats.items():
+            into = totals.setdefault(backend, {})
+            for key in ("upstream_rq_total", "upstream_rq_2xx", "upstream_rq_4xx", "upstream_rq_5xx"):
+                into[key] = into.get(key, 0) + counters.values.get(key, 0)
+            into["active"] = into.get("active", 0) + inflight(counters)
+            for bound, count in counters.latency_ms_buckets.items():
+                buckets.setdefault(backend, {})[bound] = buckets.get(backend, {}).get(bound, 0) + count
+    return {
+        backend: BackendStats(
+            backend=backend,
+            rq_total=t["upstream_rq_total"],
+            rq_2xx=t["upstream_rq_2xx"],
+            rq_4xx=t["upstream_rq_4xx"],
+            rq_5xx=t["upstream_rq_5xx"],
+            rq_active=t["active"],
+            latency_ms_buckets=dict(sorted(buckets.get(backend, {}).items())),
+        )
+        for backend, t in sorted(totals.items())
+    }
+
+
+def version_acknowledged(applied: str | None, written: str | None, resources: Collection[str]) -> bool:
+    """Envoy reports no version for an empty CDS or LDS file: then only the resources tell."""
+    return applied == written or not resources
