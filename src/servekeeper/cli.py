@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import httpx
 import psutil
@@ -44,9 +43,9 @@ class ApiClient:
         if info is None or not token_path.exists():
             _not_running(state_dir)
         self.state_dir = state_dir
-        self.pid = info["pid"]  # type: ignore[index]
+        self.pid = info["pid"]
         self._http = httpx.Client(
-            base_url=info["url"],  # type: ignore[index]
+            base_url=info["url"],
             headers={"Authorization": f"Bearer {token_path.read_text().strip()}"},
             timeout=30,
         )
@@ -61,7 +60,9 @@ class ApiClient:
             raise typer.Exit(1)
         if response.status_code == 422:
             detail = response.json().get("detail")
-            problems = detail.get("problems") if isinstance(detail, dict) else [json.dumps(detail)]
+            problems = detail.get("problems") if isinstance(detail, dict) else None
+            if not isinstance(problems, list):
+                problems = [json.dumps(detail)]
             errors.print("[red]invalid service spec:[/red]")
             for problem in problems:
                 errors.print(f"  - {problem}", markup=False)
@@ -72,7 +73,7 @@ class ApiClient:
         return response.json()
 
 
-def _not_running(state_dir: Path) -> None:
+def _not_running(state_dir: Path) -> NoReturn:
     errors.print(f"servekeeper is not running for {state_dir}; start it with: servekeeper up --detach")
     raise typer.Exit(EXIT_NOT_RUNNING)
 
@@ -321,4 +322,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -305,8 +305,8 @@ class _Planner:
         if self._restoring(active):
             # The failure is the new config's and the last good one is going back: health is
             # not judged meanwhile, so no replacement (with the same broken config) starts.
-            if observed.dashboard_ok:
-                self._submit(active, active.good_config_hash, restore=True)  # type: ignore[arg-type]
+            if observed.dashboard_ok and active.good_config_hash is not None:  # always set while restoring
+                self._submit(active, active.good_config_hash, restore=True)
             return
         verdict = health(observed, self.declared, self.all_apps)
         self._track_health(verdict)
@@ -465,7 +465,7 @@ class _Planner:
                     status=status,
                     reason=reason,
                     message=message,
-                    last_transition_time=self.now if changed else previous.last_transition_time,  # type: ignore[union-attr]
+                    last_transition_time=self.now if previous is None or changed else previous.last_transition_time,
                 )
             )
         self._update_service(conditions=tuple(merged))

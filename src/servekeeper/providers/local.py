@@ -89,7 +89,9 @@ def head_command(cluster: ClusterRecord, head: HeadGroupSpec) -> list[str]:
     ]
 
 
-def worker_command(cluster: ClusterRecord, node_index: int, num_cpus: float, params: dict) -> list[str]:  # type: ignore[type-arg]
+def worker_command(
+    cluster: ClusterRecord, node_index: int, num_cpus: float, params: dict[str, str | int | float | bool]
+) -> list[str]:
     return [
         ray_executable(),
         "start",
