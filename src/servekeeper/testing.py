@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,7 +240,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.25) -> None:
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.25) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
