@@ -15,15 +15,15 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from servekeeper.core import actions as act
 from servekeeper.core.planner import plan
 from servekeeper.core.serve_config import build_serve_config, config_deployed, desired_config_hash
+from servekeeper.dataplane import Backend, DataPlaneError, Endpoint, RouteObservation, ServiceRoute
 from servekeeper.faults import Hooks
-from servekeeper.ingress.client import IngressClient, IngressError
 from servekeeper.package import Package
 from servekeeper.ports import PortAllocator
 from servekeeper.probes import ProbeRunner
@@ -51,6 +51,18 @@ STEADY_TICK_SECONDS = 2.0  # the reference polls every 2 s, always
 SERVICE_SCAN_SECONDS = 1.0
 
 
+class DataPlanePort(Protocol):
+    """What the controller needs of the data plane (`servekeeper.dataplane.DataPlane`)."""
+
+    async def routes(self) -> dict[str, RouteObservation]: ...
+
+    async def set_route(self, route: ServiceRoute) -> None: ...
+
+    async def remove_route(self, service: str) -> None: ...
+
+    def desired_route(self, service: str) -> ServiceRoute | None: ...
+
+
 @dataclass
 class _Tick:
     """What one tick's actions found out, beyond the plan: events, and a rollout Ray rejected."""
@@ -64,7 +76,7 @@ class Controller:
         self,
         store: Store,
         provider: ClusterProvider,
-        ingress: IngressClient,
+        dataplane: DataPlanePort,
         session: aiohttp.ClientSession,
         state_dir: Path,
         clock: Callable[[], float] = time.time,
@@ -74,7 +86,7 @@ class Controller:
     ) -> None:
         self.store = store
         self.provider = provider
-        self.ingress = ingress
+        self.dataplane = dataplane
         self.serve = serve or ServeClient(session)
         self.probes = ProbeRunner(session, clock)
         self.state_dir = state_dir
@@ -184,10 +196,13 @@ class Controller:
         route: IngressRouteObservation | None = None
         ingress_ok = True
         try:
-            route = (await self.ingress.routes()).get(service.name)
-        except IngressError as exc:
-            ingress_ok = False
-            logger.warning("[%s] ingress not reachable: %s", service.name, exc)
+            observed_route = (await self.dataplane.routes()).get(service.name)
+            route = observed_route.to_ingress() if observed_route is not None else None
+            if route is not None and _listener_settings_changed(self.dataplane.desired_route(service.name), spec):
+                route = None  # the spec moved or re-limited the listener: the route is set again
+        except DataPlaneError as exc:
+            ingress_ok = False  # every backend counts as busy: nothing is deleted on this look
+            logger.warning("[%s] data plane not readable: %s", service.name, exc)
         return Observation(clusters={o.name: o for o in observed}, route=route, ingress_ok=ingress_ok)
 
     def _liveness(self, cluster: ClusterRecord) -> tuple[bool, list[int], str | None]:
@@ -280,7 +295,11 @@ class Controller:
         elif isinstance(action, act.SetRoute):
             await self._set_route(service, spec, action, tick)
         elif isinstance(action, act.RemoveRoute):
-            await self.ingress.remove_route(service.name)
+            try:
+                await self.dataplane.remove_route(service.name)
+            except DataPlaneError as exc:
+                tick.events.append(Event(service.name, self.clock(), "Warning", "RouteFailed", str(exc)))
+                raise _StopTick from exc
         elif isinstance(action, act.DeleteCluster):
             self._delete_cluster(action.cluster, service.name)
         elif isinstance(action, act.ForgetService):
@@ -430,20 +449,37 @@ class Controller:
             tick.rejected = reason
 
     async def _set_route(self, service: ServiceRecord, spec: ServiceSpec, action: act.SetRoute, tick: _Tick) -> None:
-        upstreams = {}
-        for name in action.upstreams:
-            cluster = self.store.get_cluster(name)
-            if cluster is not None:
-                upstreams[name] = cluster.serve_url
         try:
-            await self.ingress.set_route(service.name, spec.spec.ingress.port, action.active, upstreams)
-        except IngressError as exc:
+            await self.dataplane.set_route(self._service_route(service, spec, action))
+        except DataPlaneError as exc:
             # Nothing after the switch may run: roles change only once the ingress acknowledged.
             tick.events.append(Event(service.name, self.clock(), "Warning", "RouteFailed", str(exc)))
             raise _StopTick from exc
         switched = self.store.get_cluster(action.active)
         if switched is not None and switched.role == ClusterRole.PENDING:
             self.hooks.reached("route-switched", switched)
+
+    def _service_route(self, service: ServiceRecord, spec: ServiceSpec, action: act.SetRoute) -> ServiceRoute:
+        """All traffic to `action.active`; the other clusters listed at weight 0, so that their
+        in-flight requests and open streams stay counted while they drain."""
+        ingress = spec.spec.ingress
+        backends = []
+        for name in action.upstreams:
+            cluster = self.store.get_cluster(name)
+            if cluster is None:
+                continue
+            grpc = (Endpoint("127.0.0.1", cluster.ports.serve_grpc),) if ingress.grpcPort is not None else ()
+            backends.append(Backend(name, http=(Endpoint("127.0.0.1", cluster.ports.serve_http),), grpc=grpc))
+        return ServiceRoute(
+            service=service.name,
+            port=ingress.port,
+            backends=tuple(backends),
+            weights={b.name: 100 if b.name == action.active else 0 for b in backends},
+            grpc_port=ingress.grpcPort,
+            max_request_bytes=ingress.maxRequestBytes,
+            request_timeout_s=ingress.requestTimeoutSeconds,
+            idle_timeout_s=ingress.idleTimeoutSeconds,
+        )
 
     def _delete_cluster(self, name: str, service: str) -> None:
         cluster = self.store.get_cluster(name)
@@ -511,6 +547,19 @@ class Controller:
 
 class _StopTick(Exception):
     """The rest of this tick's actions must not run (their precondition failed)."""
+
+
+def _listener_settings_changed(route: ServiceRoute | None, spec: ServiceSpec) -> bool:
+    if route is None:
+        return False
+    ingress = spec.spec.ingress
+    return (route.port, route.grpc_port, route.max_request_bytes, route.request_timeout_s, route.idle_timeout_s) != (
+        ingress.port,
+        ingress.grpcPort,
+        ingress.maxRequestBytes,
+        ingress.requestTimeoutSeconds,
+        ingress.idleTimeoutSeconds,
+    )
 
 
 def _is_ready(service: ServiceRecord) -> bool:

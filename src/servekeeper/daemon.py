@@ -28,14 +28,8 @@ import uvicorn
 
 from servekeeper.api import build_app
 from servekeeper.controller import Controller
+from servekeeper.dataplane import DataPlane, DataPlaneError
 from servekeeper.faults import hooks_from_environment
-from servekeeper.ingress.client import (
-    IngressClient,
-    ingress_alive,
-    spawn_ingress,
-    stop_ingress,
-    wait_healthy,
-)
 from servekeeper.ports import PortAllocator
 from servekeeper.providers.local import LocalProvider
 from servekeeper.status import SwitchGate
@@ -86,22 +80,12 @@ def _take_lock(state_dir: Path) -> IO[str]:
     return handle
 
 
-async def _adopt_or_start_ingress(
-    store: Store, session: aiohttp.ClientSession, state_dir: Path, token: str
-) -> IngressClient:
-    known = store.get_fact("ingress")
-    if known and ingress_alive(known["pid"]):
-        client = IngressClient(session, known["control_port"], token)
-        if await client.healthy():
-            logger.info("adopted the running ingress, pid %d", known["pid"])
-            return client
-    reserved = [port for c in store.list_clusters() for port in c.ports.all_ports()]
-    pid, control_port = spawn_ingress(state_dir, reserved)
-    store.set_fact("ingress", {"pid": pid, "control_port": control_port})
-    client = IngressClient(session, control_port, token)
-    await wait_healthy(client, pid)
-    logger.info("started the ingress, pid %d, control port %d", pid, control_port)
-    return client
+async def stop_data_plane(dataplane: DataPlane) -> None:
+    """`down`: no route left behind (the next `up` starts clean), then the Envoy processes."""
+    with contextlib.suppress(DataPlaneError):
+        for service in await dataplane.routes():
+            await dataplane.remove_route(service)
+    await dataplane.stop()
 
 
 async def run_daemon(
@@ -117,10 +101,14 @@ async def run_daemon(
     if gate != SwitchGate.READY:
         logger.warning("UNSAFE: traffic switches on the %r gate (%s is set)", gate.value, GATE_ENV)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
-        ingress = await _adopt_or_start_ingress(store, session, state_dir, token)
+        # Envoy runs in processes of its own: adopted if they run, started if not; they outlive
+        # this daemon (even kill -9), and the supervisor restarts any that dies.
+        dataplane = DataPlane(state_dir)
+        await dataplane.start_or_adopt()
         hooks = hooks_from_environment()  # tests and benchmarks only; production gets no-op hooks
-        controller = Controller(store, LocalProvider(hooks), ingress, session, state_dir, gate=gate, hooks=hooks)
+        controller = Controller(store, LocalProvider(hooks), dataplane, session, state_dir, gate=gate, hooks=hooks)
         stop = asyncio.Event()
+        supervisor = asyncio.create_task(dataplane.supervise(stop), name="dataplane-supervisor")
         stop_everything = False
 
         async def request_shutdown(stop_clusters: bool) -> None:
@@ -140,6 +128,8 @@ async def run_daemon(
         if serve_task.done():
             stop.set()
             await loop_task
+            await supervisor
+            await dataplane.close()
             raise DaemonError(f"the API could not listen on {api_host}:{port}")
         (state_dir / "controller.pid").write_text(str(os.getpid()))
         _write_json(state_dir / "api.json", {"url": f"http://{_url_host(api_host)}:{port}", "pid": os.getpid()})
@@ -149,13 +139,12 @@ async def run_daemon(
         finally:
             stop.set()
             await loop_task
+            await supervisor
             await controller.shutdown(stop_clusters=stop_everything)
             if stop_everything:
-                known = store.get_fact("ingress")
-                if known:
-                    await stop_ingress(known["pid"])
-                with contextlib.suppress(FileNotFoundError):
-                    (state_dir / "ingress-routes.json").unlink()
+                await stop_data_plane(dataplane)
+            else:
+                await dataplane.close()
             for name in ("api.json", "controller.pid"):
                 with contextlib.suppress(FileNotFoundError):
                     (state_dir / name).unlink()

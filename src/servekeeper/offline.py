@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
-from servekeeper.ingress.client import stop_ingress
+from servekeeper.dataplane import DataPlane
 from servekeeper.providers.local import LocalProvider
 from servekeeper.store import Store
 
@@ -20,11 +19,10 @@ async def stop_everything_offline(state_dir: Path) -> int:
         for cluster in clusters:
             await provider.stop(cluster)
             store.remove_cluster(cluster.name)
-        known = store.get_fact("ingress")
-        if known:
-            await stop_ingress(known["pid"])
-        with contextlib.suppress(FileNotFoundError):
-            (state_dir / "ingress-routes.json").unlink()
+        if (state_dir / "dataplane").is_dir():
+            dataplane = DataPlane(state_dir)
+            await dataplane.stop()  # the recorded Envoy processes, without starting any
+            dataplane.forget_routes()  # the next `up` starts with no route to a stopped cluster
         return len(clusters)
     finally:
         store.close()

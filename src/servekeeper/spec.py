@@ -135,7 +135,19 @@ class RayClusterConfigSpec(_Strict):
 
 
 class IngressSpec(_Strict):
+    """The service's stable entry point: an Envoy listener on 127.0.0.1."""
+
     port: int = Field(ge=1, le=65535)
+    grpcPort: int | None = Field(default=None, ge=1, le=65535)  # Serve's gRPC proxy, switched the same way
+    maxRequestBytes: int = Field(default=64 * 1024 * 1024, ge=1, le=4 * 1024**3)  # 413 above, chunked too
+    requestTimeoutSeconds: float = Field(default=0, ge=0, le=86400)  # 0: none, so long streams work
+    idleTimeoutSeconds: float = Field(default=300, gt=0, le=86400)
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> IngressSpec:
+        if self.grpcPort is not None and self.grpcPort == self.port:
+            raise ValueError("grpcPort must differ from port")
+        return self
 
 
 class UpgradeStrategySpec(_Strict):

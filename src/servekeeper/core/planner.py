@@ -375,6 +375,8 @@ class _Planner:
         active = self._one(ClusterRole.ACTIVE)
         if active is None:
             return
+        if not self.observation.ingress_ok:
+            return  # the data plane could not be read: nothing is known to be wrong with it
         wanted = self._desired_upstreams(active)
         route = self.observation.route
         if route is None or route.active != active.name or route.upstreams != frozenset(wanted):

@@ -165,6 +165,15 @@ class DataPlane:
         save_records(self._records_path, [])
         await self.close()
 
+    def forget_routes(self) -> None:
+        """Drop every stored route (`servekeeper down`): the next start serves no stale route."""
+        self._routes = {}
+        (self.dir / "desired.json").unlink(missing_ok=True)
+
+    def desired_route(self, service: str) -> ServiceRoute | None:
+        """The route last asked for (acknowledged or not): to see whether a spec changed it."""
+        return self._routes.get(service)
+
     async def close(self) -> None:
         """Let go of the processes without stopping them (the daemon exits, Envoy serves on)."""
         if self._session is not None:
