@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -184,12 +186,24 @@ def test_unusable_directories_are_refused_clearly(tmp_path: Path, make: object, 
     assert str(working_dir) in str(caught.value)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads unreadable files")
-def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
+def test_an_unreadable_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = write_tree(tmp_path / "app", APP)
-    (root / "pkg" / "greet.py").chmod(0)
-    with pytest.raises(PackageError, match="greet.py"):
+    unreadable = root / "pkg" / "greet.py"
+    real_open = Path.open
+
+    def open_refusing_one_file(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self == unreadable:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real_open(self, *args, **kwargs)
+
+    # A chmod 0 would not do: root reads any file. Refuse it where the package opens files.
+    monkeypatch.setattr(Path, "open", open_refusing_one_file)
+    with pytest.raises(PackageError, match="greet.py") as caught:
         build_package(root, tmp_path / "packages")
+    assert f"cannot read {unreadable}" in str(caught.value)
+    assert "Permission denied" in str(caught.value)
+    assert isinstance(caught.value.__cause__, PermissionError)
+    assert not any((tmp_path / "packages").glob("*"))  # nothing half-written is left
 
 
 def test_the_package_file_is_written_once_and_read_only(tmp_path: Path) -> None:
