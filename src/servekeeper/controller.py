@@ -123,6 +123,7 @@ class Controller:
     async def _guarded_service_loop(self, name: str) -> None:
         wakeup = self._wakeups.setdefault(name, asyncio.Event())
         while not self._stopping:
+            wakeup.clear()  # before the tick: a wake() that comes during it runs the next one at once
             try:
                 delay = await self.tick(name)
             except asyncio.CancelledError:
@@ -133,7 +134,6 @@ class Controller:
             if delay is None:
                 self._wakeups.pop(name, None)
                 return  # the service is gone
-            wakeup.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(wakeup.wait(), delay)
 
@@ -147,14 +147,20 @@ class Controller:
         observation = await self.observe(service, clusters, spec)
         self.observations[name] = observation
         decision = plan(spec, service, clusters, observation, self.clock(), self.gate)
-        tick = _Tick(events=list(decision.events))
+        tick = _Tick()
+        completed = False
         try:
             for action in decision.actions:
                 await self._execute(action, service, spec, tick)
+            completed = True
         except _StopTick:
             pass  # logged where raised; the next tick re-plans from what is stored
         finally:
-            after = decision.service
+            # The plan's status and events describe the world after ALL its actions: when one
+            # failed, neither is true, so only what this tick learned is kept (the next tick
+            # re-plans from the store and says it again once it is so).
+            after = decision.service if completed else service
+            tick.events[:0] = decision.events if completed else []
             if tick.rejected is not None and after.failed_generation != service.generation:
                 after = after.with_changes(failed_generation=service.generation, failure_reason=tick.rejected)
             self._persist_status(service, after)

@@ -61,7 +61,7 @@ class ServeClient:
         try:
             async with self._session.request(method, url, json=payload, timeout=timeout) as response:
                 return response.status, await response.text()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise RetryableServeError(f"{method} {url} failed: {exc!r}") from exc
 
     async def applications(self, dashboard_url: str) -> dict[str, AppState]:
@@ -115,7 +115,7 @@ class ServeClient:
         try:
             async with self._session.put(url, data=data, timeout=UPLOAD_TIMEOUT) as response:
                 status, body = response.status, await response.text()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise RetryableServeError(f"PUT {url} failed: {exc!r}") from exc
         if status != 200:
             self._raise_package_error("PUT", package, status, body)
