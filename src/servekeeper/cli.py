@@ -3,21 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated
 
-import httpx
 import psutil
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from servekeeper.daemon import DaemonError, default_state_dir, read_api_info, run_daemon, start_detached
-from servekeeper.spec import SpecError, load_spec_file
+from servekeeper.client import (
+    ApiError,
+    Client,
+    DaemonNotRunning,
+    EventView,
+    RolloutFailed,
+    ServekeeperError,
+    ServiceNotFound,
+    SpecInvalid,
+    WaitTimeout,
+    default_state_dir,
+    is_true,
+    read_api_info,
+)
+from servekeeper.daemon import DaemonError, run_daemon, start_detached
 from servekeeper.store import StoreError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -36,46 +50,36 @@ def _state(state_dir: Path | None) -> Path:
     return (state_dir or default_state_dir()).expanduser().resolve()
 
 
-class ApiClient:
-    def __init__(self, state_dir: Path) -> None:
-        info = read_api_info(state_dir)
-        token_path = state_dir / "token"
-        if info is None or not token_path.exists():
-            _not_running(state_dir)
-        self.state_dir = state_dir
-        self.pid = info["pid"]
-        self._http = httpx.Client(
-            base_url=info["url"],
-            headers={"Authorization": f"Bearer {token_path.read_text().strip()}"},
-            timeout=30,
-        )
-
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError:
-            _not_running(self.state_dir)
-        if response.status_code == 404:
-            errors.print(f"[red]{response.json().get('detail')}[/red]")
-            raise typer.Exit(1)
-        if response.status_code == 422:
-            detail = response.json().get("detail")
-            problems = detail.get("problems") if isinstance(detail, dict) else None
-            if not isinstance(problems, list):
-                problems = [json.dumps(detail)]
-            errors.print("[red]invalid service spec:[/red]")
-            for problem in problems:
-                errors.print(f"  - {problem}", markup=False)
-            raise typer.Exit(1)
-        if response.status_code >= 400:
-            errors.print(f"[red]API error {response.status_code}:[/red] {response.text}", markup=True)
-            raise typer.Exit(1)
-        return response.json()
+def _client(state_dir: Path | None) -> Client:
+    """The daemon's Python client (servekeeper.client): every command talks to the API through it."""
+    return Client(_state(state_dir))
 
 
-def _not_running(state_dir: Path) -> NoReturn:
-    errors.print(f"servekeeper is not running for {state_dir}; start it with: servekeeper up --detach")
-    raise typer.Exit(EXIT_NOT_RUNNING)
+@contextlib.contextmanager
+def _shown_errors() -> Iterator[None]:
+    """The client's errors as the CLI shows them, with its exit codes (1; 2 timeout; 3 not running)."""
+    try:
+        yield
+    except DaemonNotRunning as exc:
+        errors.print(str(exc))
+        raise typer.Exit(EXIT_NOT_RUNNING) from exc
+    except ServiceNotFound as exc:
+        errors.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+    except SpecInvalid as exc:
+        errors.print(f"[red]invalid service spec{f' {exc.source}' if exc.source else ''}:[/red]")
+        for problem in exc.problems:
+            errors.print(f"  - {problem}", markup=False)
+        raise typer.Exit(1) from exc
+    except RolloutFailed as exc:
+        errors.print(str(exc))
+        raise typer.Exit(1) from exc
+    except WaitTimeout as exc:
+        errors.print(str(exc))
+        raise typer.Exit(2) from exc
+    except ApiError as exc:
+        errors.print(f"[red]API error {exc.status}:[/red] {exc.text}", markup=True)
+        raise typer.Exit(1) from exc
 
 
 @app.command()
@@ -113,9 +117,9 @@ def up(
 
 def _api_answers(directory: Path) -> bool:
     try:
-        ApiClient(directory).call("GET", "/healthz")
-        return True
-    except (typer.Exit, httpx.HTTPError):
+        with Client(directory) as client:
+            return client.healthz()
+    except ServekeeperError:
         return False
 
 
@@ -125,14 +129,8 @@ def apply(
     state_dir: StateDir = None,
 ) -> None:
     """Create or update a service from a spec file."""
-    try:
-        spec = load_spec_file(file)
-    except SpecError as exc:
-        errors.print(f"[red]invalid service spec {file}:[/red]")
-        for problem in exc.problems:
-            errors.print(f"  - {problem}", markup=False)
-        raise typer.Exit(1) from exc
-    result = ApiClient(_state(state_dir)).call("POST", "/api/v1/services", json={"spec": spec.model_dump(mode="json")})
+    with _shown_errors():  # the file is checked before the daemon is looked for
+        result = _client(state_dir).apply(file)
     verb = "configured" if result["changed"] else "unchanged"
     console.print(f"service/{result['name']} {verb} (generation {result['generation']})")
 
@@ -140,20 +138,9 @@ def apply(
 @app.command()
 def delete(name: str, state_dir: StateDir = None) -> None:
     """Delete a service: stop every cluster of it and remove its route."""
-    ApiClient(_state(state_dir)).call("DELETE", f"/api/v1/services/{name}")
+    with _shown_errors():
+        _client(state_dir).delete(name)
     console.print(f"service/{name} deleting")
-
-
-def _condition(view: dict[str, Any], condition_type: str) -> dict[str, Any] | None:
-    for condition in view["conditions"]:
-        if condition["type"] == condition_type:
-            return dict(condition)
-    return None
-
-
-def _is_true(view: dict[str, Any], condition_type: str) -> bool:
-    condition = _condition(view, condition_type)
-    return condition is not None and condition["status"] == "True"
 
 
 @app.command()
@@ -163,8 +150,9 @@ def get(
     state_dir: StateDir = None,
 ) -> None:
     """Show services (or one service)."""
-    client = ApiClient(_state(state_dir))
-    views = [client.call("GET", f"/api/v1/services/{name}")] if name else client.call("GET", "/api/v1/services")
+    with _shown_errors():
+        client = _client(state_dir)
+        views = [client.get(name)] if name else client.list()
     if output == "json":
         print(json.dumps(views[0] if name else views, indent=2))
         return
@@ -172,7 +160,7 @@ def get(
     for view in views:
         table.add_row(
             view["name"],
-            "True" if _is_true(view, "Ready") else "False",
+            "True" if is_true(view, "Ready") else "False",
             f"{view['observedGeneration']}/{view['generation']}",
             (view["activeCluster"] or {}).get("name", "-"),
             (view["pendingCluster"] or {}).get("name", "-"),
@@ -188,8 +176,10 @@ def _when(timestamp: float | None) -> str:
 @app.command()
 def describe(name: str, state_dir: StateDir = None) -> None:
     """Conditions, clusters, applications and recent events of a service."""
-    client = ApiClient(_state(state_dir))
-    view = client.call("GET", f"/api/v1/services/{name}")
+    with _shown_errors():
+        client = _client(state_dir)
+        view = client.get(name)
+        recent = client.events(name, limit=15)
     console.print(
         f"[bold]Service[/bold] {view['name']}  generation {view['observedGeneration']}/{view['generation']}"
         f"  ingress {view['ingress']['url']}"
@@ -220,10 +210,10 @@ def describe(name: str, state_dir: StateDir = None) -> None:
         for app_name, app_state in cluster["applications"].items():
             apps.add_row(app_name, app_state["status"], app_state["source"], app_state["message"][:200])
         console.print(apps)
-    _print_events(client.call("GET", "/api/v1/events", params={"service": name, "limit": 15}), title="\nRecent events")
+    _print_events(recent, title="\nRecent events")
 
 
-def _print_events(items: list[dict[str, Any]], title: str = "") -> None:
+def _print_events(items: list[EventView], title: str = "") -> None:
     table = Table("TIME", "SERVICE", "TYPE", "REASON", "MESSAGE", box=None, title=title or None, title_justify="left")
     for event in items:
         table.add_row(_when(event["time"]), event["service"], event["type"], event["reason"], event["message"])
@@ -237,10 +227,9 @@ def events(
     state_dir: StateDir = None,
 ) -> None:
     """Events of one service or of all."""
-    params: dict[str, Any] = {"limit": limit}
-    if name:
-        params["service"] = name
-    _print_events(ApiClient(_state(state_dir)).call("GET", "/api/v1/events", params=params))
+    with _shown_errors():
+        items = _client(state_dir).events(name, limit=limit)
+    _print_events(items)
 
 
 @app.command()
@@ -250,34 +239,9 @@ def wait(
     state_dir: StateDir = None,
 ) -> None:
     """Exit 0 once the latest generation is rolled out and Ready, 1 if it failed, 2 on timeout."""
-    client = ApiClient(_state(state_dir))
-    deadline = time.monotonic() + timeout
-    while True:
-        view = client.call("GET", f"/api/v1/services/{name}")
-        current = view["observedGeneration"] == view["generation"]
-        if current and (_is_true(view, "RolloutFailed") or _is_true(view, "ClusterSpecOutdated")):
-            failed = (
-                _condition(view, "RolloutFailed")
-                if _is_true(view, "RolloutFailed")
-                else _condition(view, "ClusterSpecOutdated")
-            )
-            assert failed is not None
-            errors.print(
-                f"service/{name} generation {view['generation']} not rolled out: "
-                f"{failed['reason']}: {failed['message']}"
-            )
-            raise typer.Exit(1)
-        if current and _is_true(view, "Ready") and not _is_true(view, "UpgradeInProgress"):
-            console.print(f"service/{name} generation {view['generation']} is Ready at {view['ingress']['url']}")
-            return
-        if time.monotonic() >= deadline:
-            ready = _condition(view, "Ready") or {}
-            errors.print(
-                f"timed out waiting for service/{name}: Ready={ready.get('status')} "
-                f"({ready.get('reason')}: {ready.get('message')})"
-            )
-            raise typer.Exit(2)
-        time.sleep(0.5)
+    with _shown_errors():  # RolloutFailed: exit 1, WaitTimeout: exit 2
+        view = _client(state_dir).wait(name, timeout=timeout)
+    console.print(f"service/{name} generation {view['generation']} is Ready at {view['ingress']['url']}")
 
 
 @app.command()
@@ -288,14 +252,16 @@ def down(
     """Stop the daemon, the ingress and every cluster (the specs stay stored)."""
     directory = _state(state_dir)
     if read_api_info(directory) is not None and _api_answers(directory):
-        client = ApiClient(directory)
-        client.call("POST", "/api/v1/shutdown", json={"stopClusters": True})
+        client = Client(directory)
+        pid = client.daemon_pid or -1  # read before the daemon removes api.json
+        with _shown_errors():
+            client.shutdown(stop_clusters=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and read_api_info(directory) is not None:
             time.sleep(0.2)
-        while time.monotonic() < deadline and psutil.pid_exists(client.pid) and not _is_zombie(client.pid):
+        while time.monotonic() < deadline and psutil.pid_exists(pid) and not _is_zombie(pid):
             time.sleep(0.2)
-        if read_api_info(directory) is not None or (psutil.pid_exists(client.pid) and not _is_zombie(client.pid)):
+        if read_api_info(directory) is not None or (psutil.pid_exists(pid) and not _is_zombie(pid)):
             errors.print("[red]the daemon did not stop in time[/red]")
             raise typer.Exit(1)
     else:

@@ -27,6 +27,8 @@ import aiohttp
 import uvicorn
 
 from servekeeper.api import build_app
+from servekeeper.client import default_state_dir as default_state_dir  # re-exported: the client
+from servekeeper.client import read_api_info as read_api_info  # reads what the daemon writes
 from servekeeper.controller import Controller
 from servekeeper.dataplane import DataPlane, DataPlaneError
 from servekeeper.faults import hooks_from_environment
@@ -45,13 +47,6 @@ class DaemonError(RuntimeError):
     pass
 
 
-def default_state_dir() -> Path:
-    configured = os.environ.get("SERVEKEEPER_STATE_DIR")
-    if configured:
-        return Path(configured)
-    return Path.home() / ".servekeeper"
-
-
 def ensure_token(state_dir: Path) -> str:
     path = state_dir / "token"
     if not path.exists():
@@ -60,13 +55,6 @@ def ensure_token(state_dir: Path) -> str:
             handle.write(secrets.token_urlsafe(32))
     os.chmod(path, 0o600)
     return path.read_text().strip()
-
-
-def read_api_info(state_dir: Path) -> dict[str, Any] | None:
-    try:
-        return dict(json.loads((state_dir / "api.json").read_text()))
-    except (OSError, ValueError):
-        return None
 
 
 def _take_lock(state_dir: Path) -> IO[str]:

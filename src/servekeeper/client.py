@@ -1,0 +1,482 @@
+"""The Python client of the servekeeper daemon; the CLI is built on it.
+
+    from servekeeper import Client
+
+    with Client() as client:                      # finds the daemon from the state dir
+        client.apply("examples/hello/service.yaml")
+        view = client.wait("hello", timeout=300)  # raises RolloutFailed / WaitTimeout
+        print(view["activeCluster"]["name"])
+
+`AsyncClient` has the same methods as coroutines. Both speak HTTP (httpx) to the daemon's API
+with its bearer token. Without `url` and `token` they read the state dir (`--state-dir`,
+`SERVEKEEPER_STATE_DIR`, or `~/.servekeeper`) on every call: `api.json` (where the running daemon
+listens) and `token`, so a client made before `servekeeper up`, or one that outlives a restart
+of the daemon on another port, finds it.
+
+This module stands alone (HTTP, the spec models, nothing of the daemon): importing it starts no
+Ray, no event loop, no server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, TypedDict
+
+import httpx
+
+from servekeeper.spec import ServiceSpec, SpecError, load_spec_file
+
+DEFAULT_TIMEOUT_S = 30.0
+WAIT_POLL_S = 0.5
+
+# -- what the API answers ------------------------------------------------------------------------
+
+
+class ConditionView(TypedDict):
+    type: str  # Ready | UpgradeInProgress | RolloutFailed | ClusterSpecOutdated
+    status: Literal["True", "False"]
+    reason: str
+    message: str
+    lastTransitionTime: float | None
+
+
+class AppView(TypedDict):
+    status: str
+    source: str
+    message: str
+
+
+class ClusterView(TypedDict, total=False):
+    name: str
+    generation: int
+    role: str  # pending | active | draining | deleting
+    address: str
+    dashboardUrl: str
+    serveUrl: str
+    trafficPercent: int
+    headPid: int | None
+    workerPids: list[int]
+    appliedConfigHash: str | None
+    goodConfigHash: str | None
+    packageHash: str | None
+    createdAt: float
+    headAlive: bool | None
+    applications: dict[str, AppView]
+    probes: list[dict[str, Any]]
+
+
+class IngressView(TypedDict):
+    url: str
+    port: int
+    routedTo: str | None
+
+
+class ServiceView(TypedDict, total=False):
+    name: str
+    generation: int
+    observedGeneration: int
+    deleting: bool
+    conditions: list[ConditionView]
+    ingress: IngressView
+    activeCluster: ClusterView | None
+    pendingCluster: ClusterView | None
+    otherClusters: list[ClusterView]
+    failureReason: str | None
+
+
+class EventView(TypedDict):
+    service: str
+    time: float
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+class ApplyResult(TypedDict):
+    name: str
+    generation: int
+    changed: bool  # False: the same spec (and code) was already stored
+
+
+class DeleteResult(TypedDict):
+    name: str
+    deleting: bool
+
+
+# Aliases: inside the client classes `list` names a method.
+ServiceViews = list[ServiceView]
+EventViews = list[EventView]
+SpecSource = str | os.PathLike[str] | Mapping[str, Any] | ServiceSpec
+
+
+def condition(view: ServiceView, condition_type: str) -> ConditionView | None:
+    for found in view.get("conditions", []):
+        if found["type"] == condition_type:
+            return found
+    return None
+
+
+def is_true(view: ServiceView, condition_type: str) -> bool:
+    found = condition(view, condition_type)
+    return found is not None and found["status"] == "True"
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+class ServekeeperError(Exception):
+    """Every error this client raises."""
+
+
+class DaemonNotRunning(ServekeeperError):
+    """No daemon answers for the state dir (or at the given URL)."""
+
+    def __init__(self, where: str, cause: str = "") -> None:
+        self.where = where
+        self.cause = cause
+        super().__init__(f"servekeeper is not running for {where}; start it with: servekeeper up --detach")
+
+
+class ApiError(ServekeeperError):
+    """The daemon refused a call. `status` is the HTTP status, `detail` its decoded answer."""
+
+    def __init__(self, status: int, detail: Any, text: str, message: str | None = None) -> None:
+        self.status = status
+        self.detail = detail
+        self.text = text
+        super().__init__(message or f"API error {status}: {text}")
+
+
+class Unauthorized(ApiError):
+    """Missing or wrong bearer token (the `token` file of the state dir)."""
+
+
+class ServiceNotFound(ApiError):
+    """No service of that name (the message is the daemon's: "service 'x' not found")."""
+
+
+class SpecInvalid(ServekeeperError):
+    """The spec was refused; `problems` lists each as "field.path: message". `source` is the file
+    it came from, when it was rejected before reaching the daemon."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        where = f" {source}" if source else ""
+        super().__init__(f"invalid service spec{where}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class WaitTimeout(ServekeeperError):
+    def __init__(self, view: ServiceView) -> None:
+        self.view = view
+        ready = condition(view, "Ready")
+        status, reason, message = (ready["status"], ready["reason"], ready["message"]) if ready else (None, None, None)
+        super().__init__(f"timed out waiting for service/{view.get('name')}: Ready={status} ({reason}: {message})")
+
+
+class RolloutFailed(ServekeeperError):
+    """The latest generation will not roll out: it failed (`RolloutFailed`), or its cluster change
+    is not rolled out by design (`ClusterSpecOutdated`, `upgradeStrategy: None`)."""
+
+    def __init__(self, view: ServiceView, failed: ConditionView) -> None:
+        self.view = view
+        self.generation = view.get("generation")
+        self.reason = failed["reason"]
+        self.message = failed["message"]
+        super().__init__(
+            f"service/{view.get('name')} generation {self.generation} not rolled out: {self.reason}: {self.message}"
+        )
+
+
+# -- the parts both clients share --------------------------------------------------------------
+
+
+def default_state_dir() -> Path:
+    configured = os.environ.get("SERVEKEEPER_STATE_DIR")
+    if configured:
+        return Path(configured)
+    return Path.home() / ".servekeeper"
+
+
+def read_api_info(state_dir: Path) -> dict[str, Any] | None:
+    """What the running daemon wrote in `api.json` (`url`, `pid`), or None."""
+    try:
+        return dict(json.loads((state_dir / "api.json").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+class _Endpoint:
+    """Where the daemon is and how to authenticate: given, or read from the state dir."""
+
+    def __init__(self, state_dir: str | os.PathLike[str] | None, url: str | None, token: str | None) -> None:
+        if (url is None) != (token is None):
+            raise ValueError("give both url and token, or neither (then they are read from the state dir)")
+        self.state_dir = Path(state_dir or default_state_dir()).expanduser().resolve()
+        self._url = url.rstrip("/") if url else None
+        self._token = token
+
+    @property
+    def where(self) -> str:
+        return self._url or str(self.state_dir)
+
+    def resolve(self) -> tuple[str, dict[str, str]]:
+        if self._url is not None and self._token is not None:
+            return self._url, {"Authorization": f"Bearer {self._token}"}
+        info = read_api_info(self.state_dir)
+        try:
+            token = (self.state_dir / "token").read_text().strip()
+        except OSError:
+            token = None
+        if info is None or token is None or "url" not in info:
+            raise DaemonNotRunning(self.where)
+        return str(info["url"]), {"Authorization": f"Bearer {token}"}
+
+    def daemon_pid(self) -> int | None:
+        info = read_api_info(self.state_dir) if self._url is None else None
+        return int(info["pid"]) if info and "pid" in info else None
+
+
+def _answer(response: httpx.Response) -> Any:
+    """The decoded answer, or the matching error."""
+    if response.status_code < 400:
+        return response.json()
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        detail = response.text
+    if response.status_code == 401:
+        raise Unauthorized(401, detail, response.text)
+    if response.status_code == 404:
+        raise ServiceNotFound(404, detail, response.text, message=str(detail))
+    if response.status_code == 422:
+        problems = detail.get("problems") if isinstance(detail, dict) else None
+        if not isinstance(problems, list):
+            problems = [json.dumps(detail)]
+        raise SpecInvalid([str(p) for p in problems])
+    raise ApiError(response.status_code, detail, response.text)
+
+
+def _spec_document(spec: SpecSource) -> dict[str, Any]:
+    """A file is read and checked here (a relative workingDir is resolved against its folder),
+    so a bad file is refused before the daemon is even looked for; a mapping is sent as it is
+    (its workingDir should be absolute) and checked by the daemon."""
+    if isinstance(spec, ServiceSpec):
+        return spec.model_dump(mode="json")
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    path = Path(spec)
+    try:
+        return load_spec_file(path).model_dump(mode="json")
+    except SpecError as exc:
+        raise SpecInvalid(exc.problems, source=str(path)) from exc
+
+
+def _wait_verdict(view: ServiceView) -> bool:
+    """True once the latest generation is rolled out and Ready; raises if it will not be."""
+    current = view.get("observedGeneration") == view.get("generation")
+    if current:
+        for failed_type in ("RolloutFailed", "ClusterSpecOutdated"):
+            failed = condition(view, failed_type)
+            if failed is not None and failed["status"] == "True":
+                raise RolloutFailed(view, failed)
+    return current and is_true(view, "Ready") and not is_true(view, "UpgradeInProgress")
+
+
+def _events_params(name: str | None, limit: int) -> dict[str, Any]:
+    return {"limit": limit, **({"service": name} if name else {})}
+
+
+# -- the clients ---------------------------------------------------------------------------------
+
+
+class Client:
+    """Blocking client. Thread-safe as httpx.Client is; close it (or use `with`)."""
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str] | None = None,
+        *,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._endpoint = _Endpoint(state_dir, url, token)
+        self._http = httpx.Client(timeout=timeout, transport=transport, trust_env=False)
+
+    @property
+    def state_dir(self) -> Path:
+        return self._endpoint.state_dir
+
+    @property
+    def daemon_pid(self) -> int | None:
+        """The pid in `api.json` (None with an explicit url, or when no daemon runs)."""
+        return self._endpoint.daemon_pid()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        base, headers = self._endpoint.resolve()
+        try:
+            response = self._http.request(method, base + path, headers=headers, **kwargs)
+        except httpx.TransportError as exc:
+            raise DaemonNotRunning(self._endpoint.where, repr(exc)) from exc
+        return _answer(response)
+
+    def healthz(self) -> bool:
+        return bool(self._call("GET", "/healthz").get("ok"))
+
+    def apply(self, spec: SpecSource) -> ApplyResult:
+        """Create or update a service from a spec file path, a mapping, or a `ServiceSpec`."""
+        document = _spec_document(spec)
+        result: ApplyResult = self._call("POST", "/api/v1/services", json={"spec": document})
+        return result
+
+    def get(self, name: str) -> ServiceView:
+        view: ServiceView = self._call("GET", f"/api/v1/services/{name}")
+        return view
+
+    def list(self) -> ServiceViews:
+        views: ServiceViews = self._call("GET", "/api/v1/services")
+        return views
+
+    def delete(self, name: str) -> DeleteResult:
+        result: DeleteResult = self._call("DELETE", f"/api/v1/services/{name}")
+        return result
+
+    def events(self, name: str | None = None, limit: int = 50) -> EventViews:
+        """The latest `limit` events (oldest first), of one service or of all."""
+        events: EventViews = self._call("GET", "/api/v1/events", params=_events_params(name, limit))
+        return events
+
+    def wait(self, name: str, timeout: float = 900, poll_interval: float = WAIT_POLL_S) -> ServiceView:
+        """Until the latest generation is rolled out and Ready; returns its view. Raises
+        RolloutFailed if it will not roll out, WaitTimeout after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            view = self.get(name)
+            if _wait_verdict(view):
+                return view
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(view)
+            time.sleep(poll_interval)
+
+    def shutdown(self, stop_clusters: bool = True) -> None:
+        """Ask the daemon to exit (`servekeeper down`); with `stop_clusters`, every cluster stops too."""
+        self._call("POST", "/api/v1/shutdown", json={"stopClusters": stop_clusters})
+
+
+class AsyncClient:
+    """The same as `Client`, with coroutines (`async with AsyncClient() as client: ...`)."""
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str] | None = None,
+        *,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._endpoint = _Endpoint(state_dir, url, token)
+        self._http = httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False)
+
+    @property
+    def state_dir(self) -> Path:
+        return self._endpoint.state_dir
+
+    @property
+    def daemon_pid(self) -> int | None:
+        return self._endpoint.daemon_pid()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        base, headers = self._endpoint.resolve()
+        try:
+            response = await self._http.request(method, base + path, headers=headers, **kwargs)
+        except httpx.TransportError as exc:
+            raise DaemonNotRunning(self._endpoint.where, repr(exc)) from exc
+        return _answer(response)
+
+    async def healthz(self) -> bool:
+        return bool((await self._call("GET", "/healthz")).get("ok"))
+
+    async def apply(self, spec: SpecSource) -> ApplyResult:
+        document = _spec_document(spec)
+        result: ApplyResult = await self._call("POST", "/api/v1/services", json={"spec": document})
+        return result
+
+    async def get(self, name: str) -> ServiceView:
+        view: ServiceView = await self._call("GET", f"/api/v1/services/{name}")
+        return view
+
+    async def list(self) -> ServiceViews:
+        views: ServiceViews = await self._call("GET", "/api/v1/services")
+        return views
+
+    async def delete(self, name: str) -> DeleteResult:
+        result: DeleteResult = await self._call("DELETE", f"/api/v1/services/{name}")
+        return result
+
+    async def events(self, name: str | None = None, limit: int = 50) -> EventViews:
+        events: EventViews = await self._call("GET", "/api/v1/events", params=_events_params(name, limit))
+        return events
+
+    async def wait(self, name: str, timeout: float = 900, poll_interval: float = WAIT_POLL_S) -> ServiceView:
+        deadline = time.monotonic() + timeout
+        while True:
+            view = await self.get(name)
+            if _wait_verdict(view):
+                return view
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(view)
+            await asyncio.sleep(poll_interval)
+
+    async def shutdown(self, stop_clusters: bool = True) -> None:
+        await self._call("POST", "/api/v1/shutdown", json={"stopClusters": stop_clusters})
+
+
+__all__ = [
+    "ApiError",
+    "ApplyResult",
+    "AsyncClient",
+    "Client",
+    "ClusterView",
+    "ConditionView",
+    "DaemonNotRunning",
+    "DeleteResult",
+    "EventView",
+    "RolloutFailed",
+    "ServekeeperError",
+    "ServiceNotFound",
+    "ServiceView",
+    "SpecInvalid",
+    "Unauthorized",
+    "WaitTimeout",
+    "condition",
+    "is_true",
+]
