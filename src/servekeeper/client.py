@@ -29,8 +29,10 @@ from types import TracebackType
 from typing import Any, Literal, TypedDict
 
 import httpx
+import yaml
 
-from servekeeper.spec import ServiceSpec, SpecError, load_spec_file
+from servekeeper.kuberay.translate import is_kuberay
+from servekeeper.spec import MAX_SPEC_BYTES, ServiceSpec, SpecError, load_spec_file
 
 DEFAULT_TIMEOUT_S = 30.0
 WAIT_POLL_S = 0.5
@@ -88,6 +90,8 @@ class ServiceView(TypedDict, total=False):
     pendingCluster: ClusterView | None
     otherClusters: list[ClusterView]
     failureReason: str | None
+    importedFrom: str | None  # "ray.io/v1 RayService" for a KubeRay manifest, else None
+    importNotes: list[dict[str, str]]  # kind, path, message: what of that manifest does not apply here
 
 
 class EventView(TypedDict):
@@ -263,6 +267,31 @@ def _answer(response: httpx.Response) -> Any:
     raise ApiError(response.status_code, detail, response.text)
 
 
+def _apply_body(spec: SpecSource) -> dict[str, Any]:
+    """What `apply` POSTs. A KubeRay manifest file goes as it is, every document of it, with its
+    folder: the daemon translates it (and keeps the notes), so the CLI and this client agree."""
+    if not isinstance(spec, (ServiceSpec, Mapping)):
+        path = Path(spec)
+        documents = _kuberay_documents(path)
+        if documents is not None:
+            return {"documents": documents, "baseDir": str(path.parent.resolve())}
+    return {"spec": _spec_document(spec)}
+
+
+def _kuberay_documents(path: Path) -> list[Any] | None:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None  # load_spec_file reports it
+    if len(text.encode()) > MAX_SPEC_BYTES:
+        return None
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError:
+        return None
+    return documents if is_kuberay(documents) else None
+
+
 def _spec_document(spec: SpecSource) -> dict[str, Any]:
     """A file is read and checked here (a relative workingDir is resolved against its folder),
     so a bad file is refused before the daemon is even looked for; a mapping is sent as it is
@@ -342,8 +371,7 @@ class Client:
 
     def apply(self, spec: SpecSource) -> ApplyResult:
         """Create or update a service from a spec file path, a mapping, or a `ServiceSpec`."""
-        document = _spec_document(spec)
-        result: ApplyResult = self._call("POST", "/api/v1/services", json={"spec": document})
+        result: ApplyResult = self._call("POST", "/api/v1/services", json=_apply_body(spec))
         return result
 
     def get(self, name: str) -> ServiceView:
@@ -357,6 +385,10 @@ class Client:
     def delete(self, name: str) -> DeleteResult:
         result: DeleteResult = self._call("DELETE", f"/api/v1/services/{name}")
         return result
+
+    def export(self, name: str, format: str = "kuberay") -> str:
+        """The service as a KubeRay `RayService` manifest (YAML text, with a comment block)."""
+        return str(self._call("GET", f"/api/v1/services/{name}/export", params={"format": format})["manifest"])
 
     def events(self, name: str | None = None, limit: int = 50) -> EventViews:
         """The latest `limit` events (oldest first), of one service or of all."""
@@ -378,6 +410,13 @@ class Client:
     def shutdown(self, stop_clusters: bool = True) -> None:
         """Ask the daemon to exit (`servekeeper down`); with `stop_clusters`, every cluster stops too."""
         self._call("POST", "/api/v1/shutdown", json={"stopClusters": stop_clusters})
+
+    def dashboard_login_url(self) -> str:
+        """A URL that logs a browser in to the web dashboard: a one-time code, valid about a
+        minute, that the daemon exchanges for a session cookie (`servekeeper dashboard`)."""
+        base, _ = self._endpoint.resolve()
+        answer = self._call("POST", "/api/v1/dashboard/login-codes")
+        return f"{base}{answer['path']}"
 
 
 class AsyncClient:
@@ -426,8 +465,7 @@ class AsyncClient:
         return bool((await self._call("GET", "/healthz")).get("ok"))
 
     async def apply(self, spec: SpecSource) -> ApplyResult:
-        document = _spec_document(spec)
-        result: ApplyResult = await self._call("POST", "/api/v1/services", json={"spec": document})
+        result: ApplyResult = await self._call("POST", "/api/v1/services", json=_apply_body(spec))
         return result
 
     async def get(self, name: str) -> ServiceView:
@@ -441,6 +479,10 @@ class AsyncClient:
     async def delete(self, name: str) -> DeleteResult:
         result: DeleteResult = await self._call("DELETE", f"/api/v1/services/{name}")
         return result
+
+    async def export(self, name: str, format: str = "kuberay") -> str:
+        answer = await self._call("GET", f"/api/v1/services/{name}/export", params={"format": format})
+        return str(answer["manifest"])
 
     async def events(self, name: str | None = None, limit: int = 50) -> EventViews:
         events: EventViews = await self._call("GET", "/api/v1/events", params=_events_params(name, limit))

@@ -43,6 +43,8 @@ OWNED_START_PARAMS = frozenset(
         "runtime-env-agent-port",
         "temp-dir",
         "num-cpus",
+        "num-gpus",  # numGpus
+        "memory",  # memory
         "disable-usage-stats",
         "include-dashboard",
         "gcs-server-port",
@@ -88,6 +90,10 @@ def _check_start_params(params: dict[str, StartParamValue]) -> dict[str, StartPa
 
 class HeadGroupSpec(_Strict):
     numCpus: float = Field(default=1, ge=0, le=1024)
+    # `ray start --num-gpus` / `--memory` (bytes: Ray's logical memory resource). None: not passed,
+    # Ray detects the GPUs and takes the memory it sees.
+    numGpus: float | None = Field(default=None, ge=0, le=1024)
+    memory: int | None = Field(default=None, ge=0, le=2**50)
     env: dict[str, str] = Field(default_factory=dict)
     rayStartParams: dict[str, StartParamValue] = Field(default_factory=dict)
 
@@ -270,6 +276,12 @@ class ServiceSpec(_Strict):
         shape = self.spec.rayClusterConfig.model_dump(mode="json")
         # What is packaged is the code's business: its hash is part of the Serve config's.
         shape.pop("excludes", None)
+        # Fields added later hash as if absent while unset: a stored spec keeps its hash, so an
+        # upgrade of servekeeper never replaces a running cluster.
+        for group in [shape["head"], *shape["workerGroups"]]:
+            for key in ("numGpus", "memory"):
+                if group.get(key) is None:
+                    group.pop(key, None)
         return _digest(shape)
 
     def serve_config_hash(self) -> str:

@@ -24,7 +24,7 @@ import psutil
 
 from servekeeper.faults import Hooks
 from servekeeper.providers.base import ProviderError
-from servekeeper.spec import HeadGroupSpec, RayClusterConfigSpec
+from servekeeper.spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
 from servekeeper.status import ClusterRecord, NodePorts
 
 logger = logging.getLogger(__name__)
@@ -83,15 +83,22 @@ def head_command(cluster: ClusterRecord, head: HeadGroupSpec) -> list[str]:
         f"--ray-client-server-port={ports.client_server}",
         *_node_port_args(ports.node_ports[0]),
         f"--temp-dir={cluster.temp_dir}",
-        f"--num-cpus={head.numCpus:g}",
+        *_resource_args(head),
         "--disable-usage-stats",
         *_param_args(head.rayStartParams),
     ]
 
 
-def worker_command(
-    cluster: ClusterRecord, node_index: int, num_cpus: float, params: dict[str, str | int | float | bool]
-) -> list[str]:
+def _resource_args(group: HeadGroupSpec) -> list[str]:
+    args = [f"--num-cpus={group.numCpus:g}"]
+    if group.numGpus is not None:
+        args.append(f"--num-gpus={group.numGpus:g}")
+    if group.memory is not None:
+        args.append(f"--memory={group.memory}")
+    return args
+
+
+def worker_command(cluster: ClusterRecord, node_index: int, group: WorkerGroupSpec) -> list[str]:
     return [
         ray_executable(),
         "start",
@@ -100,9 +107,9 @@ def worker_command(
         "--node-ip-address=127.0.0.1",
         *_node_port_args(cluster.ports.node_ports[node_index]),
         f"--temp-dir={cluster.temp_dir}",
-        f"--num-cpus={num_cpus:g}",
+        *_resource_args(group),
         "--disable-usage-stats",
-        *_param_args(params),
+        *_param_args(group.rayStartParams),
     ]
 
 
@@ -233,7 +240,7 @@ class LocalProvider:
                 node_index += 1
                 if node_index <= len(cluster.worker_pids):
                     continue
-                command = worker_command(cluster, node_index, group.numCpus, group.rayStartParams)
+                command = worker_command(cluster, node_index, group)
                 log_path = Path(cluster.log_dir) / _worker_log_names(cluster)[node_index - 1]
                 pid = self._spawn(command, _environment(cluster, group.env, loopback_only=False), log_path)
                 cluster = cluster.with_changes(worker_pids=cluster.worker_pids + (pid,))

@@ -1,0 +1,202 @@
+"""Pure: servekeeper's spec -> a KubeRay `ray.io/v1` `RayService` manifest.
+
+What KubeRay has no field for is kept in the `servekeeper.io/extensions` annotation (KubeRay
+ignores it; servekeeper's import reads it back, so export -> import gives the same spec) and
+listed in a comment block at the top of the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from servekeeper.kuberay.notes import SecretRef
+from servekeeper.kuberay.quantity import format_duration, format_memory
+from servekeeper.kuberay.translate import EXTENSIONS_ANNOTATION, INITIALIZING_TIMEOUT_ANNOTATION
+from servekeeper.spec import (
+    HeadGroupSpec,
+    IngressSpec,
+    ReadinessSpec,
+    ServiceSpec,
+    ServiceSpecBody,
+    StartParamValue,
+)
+
+RAY_IMAGE = "rayproject/ray"
+
+
+def export_manifest(
+    spec: ServiceSpec, ray_version: str, secret_refs: Sequence[SecretRef] = ()
+) -> tuple[dict[str, Any], list[str]]:
+    """The manifest, and the lines of the comment block (what has no KubeRay equivalent)."""
+    body = spec.spec
+    config = body.rayClusterConfig
+    comments: list[str] = []
+    serve_config = spec.spec.serveConfig.model_dump(mode="json", exclude_none=False)
+    if serve_config.get("http_options") is None:
+        serve_config.pop("http_options", None)
+    serve_config["http_options"] = {**(serve_config.get("http_options") or {}), "port": body.ingress.port}
+    if config.workingDir:
+        for app in serve_config["applications"]:
+            runtime_env = dict(app.get("runtime_env") or {})
+            runtime_env.setdefault("working_dir", config.workingDir)
+            app["runtime_env"] = runtime_env
+        if "://" not in config.workingDir:
+            comments.append(
+                f"runtime_env.working_dir {config.workingDir} is a local folder that servekeeper packages and "
+                "uploads; on Kubernetes it must become a remote URI (an https:// zip, s3://, gs://) that the pods "
+                "can fetch: replace it before applying this manifest."
+            )
+    extensions = _extensions(body)
+    if body.readiness.probes:
+        comments.append(
+            "readiness probes (spec.readiness.probes): KubeRay has none; traffic there moves once every "
+            "declared app is RUNNING."
+        )
+    if body.readiness.applications != "declarative":
+        comments.append("readiness.applications: all (run-time apps gate readiness): KubeRay has no such option.")
+    if body.serveConfigUpdate != "InPlace":
+        comments.append("serveConfigUpdate: NewCluster: KubeRay applies a Serve-config-only change in place.")
+    if body.ingress != IngressSpec(port=body.ingress.port):
+        comments.append("ingress options (grpcPort, request size and timeouts): set them on your Kubernetes ingress.")
+    if config.excludes:
+        comments.append("rayClusterConfig.excludes: applies to servekeeper's code package only.")
+    comments.append(
+        "servekeeper drains the old cluster by in-flight requests; KubeRay deletes it after "
+        "rayClusterDeletionDelaySeconds regardless."
+    )
+    if extensions:
+        comments.append(
+            f"The {EXTENSIONS_ANNOTATION} annotation keeps these servekeeper settings for a round trip; "
+            "KubeRay ignores it."
+        )
+    annotations = {INITIALIZING_TIMEOUT_ANNOTATION: format_duration(body.readinessTimeoutSeconds)}
+    if extensions:
+        annotations[EXTENSIONS_ANNOTATION] = json.dumps(extensions, sort_keys=True, separators=(",", ":"))
+    cluster: dict[str, Any] = {
+        "rayVersion": ray_version,
+        "headGroupSpec": {
+            "rayStartParams": _start_params(config.head),
+            "template": _pod_template("ray-head", config.head, ray_version, _refs(secret_refs, "head")),
+        },
+    }
+    if config.workerGroups:
+        cluster["workerGroupSpecs"] = [
+            {
+                "groupName": group.name,
+                "replicas": group.replicas,
+                "minReplicas": group.replicas,
+                "maxReplicas": group.replicas,
+                "rayStartParams": _start_params(group),
+                "template": _pod_template("ray-worker", group, ray_version, _refs(secret_refs, group.name)),
+            }
+            for group in config.workerGroups
+        ]
+    manifest_spec: dict[str, Any] = {
+        "upgradeStrategy": {"type": body.upgradeStrategy.type},
+        "serveConfigV2": yaml.safe_dump(serve_config, sort_keys=False),
+        "rayClusterConfig": cluster,
+    }
+    delay = body.rayClusterDeletionDelaySeconds
+    if delay == int(delay):
+        manifest_spec["rayClusterDeletionDelaySeconds"] = int(delay)
+    manifest = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": spec.name, "annotations": annotations},
+        "spec": manifest_spec,
+    }
+    return manifest, comments
+
+
+def render_manifest(manifest: dict[str, Any], comments: list[str]) -> str:
+    header = [
+        "# Exported by servekeeper: a KubeRay RayService (ray.io/v1).",
+        "# No KubeRay equivalent:",
+        *(f"#  - {line}" for line in comments),
+    ]
+    return "\n".join(header) + "\n" + yaml.dump(manifest, Dumper=_BlockDumper, sort_keys=False)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """serveConfigV2 as a `|` block, the way KubeRay's samples write it."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_BlockDumper.add_representer(str, _represent_str)
+
+
+def _extensions(body: ServiceSpecBody) -> dict[str, Any]:
+    """servekeeper fields that differ from their defaults and have no KubeRay field."""
+    defaults = ServiceSpecBody(ingress=body.ingress, serveConfig=body.serveConfig)
+    extensions: dict[str, Any] = {}
+    ingress = body.ingress.model_dump(mode="json", exclude={"port"})
+    default_ingress = IngressSpec(port=body.ingress.port).model_dump(mode="json", exclude={"port"})
+    changed_ingress = {k: v for k, v in ingress.items() if v != default_ingress[k]}
+    if changed_ingress:
+        extensions["ingress"] = changed_ingress
+    if body.readiness != ReadinessSpec():
+        extensions["readiness"] = body.readiness.model_dump(mode="json")
+    for key in ("serveConfigUpdate", "serviceUnhealthySecondThreshold"):
+        if getattr(body, key) != getattr(defaults, key):
+            extensions[key] = getattr(body, key)
+    if body.rayClusterConfig.excludes:
+        extensions["excludes"] = list(body.rayClusterConfig.excludes)
+    delay = body.rayClusterDeletionDelaySeconds
+    if delay != int(delay):
+        extensions["rayClusterDeletionDelaySeconds"] = delay
+    return extensions
+
+
+def _refs(secret_refs: Sequence[SecretRef], group: str) -> dict[str, SecretRef]:
+    return {ref.env: ref for ref in secret_refs if ref.group == group}
+
+
+def _start_params(group: HeadGroupSpec) -> dict[str, str]:
+    params = {key: _param_text(value) for key, value in group.rayStartParams.items()}
+    # Container resources carry whole numbers; KubeRay takes rayStartParams first, so an exact
+    # share of a CPU or GPU (or none at all) goes there.
+    if group.numCpus != int(group.numCpus) or group.numCpus == 0:
+        params["num-cpus"] = f"{group.numCpus:g}"
+    if group.numGpus is not None and (group.numGpus != int(group.numGpus) or group.numGpus == 0):
+        params["num-gpus"] = f"{group.numGpus:g}"
+    return params
+
+
+def _param_text(value: StartParamValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _pod_template(
+    container_name: str, group: HeadGroupSpec, ray_version: str, refs: dict[str, SecretRef]
+) -> dict[str, Any]:
+    resources: dict[str, str] = {"cpu": str(max(1, math.ceil(group.numCpus)))}
+    if group.memory is not None:
+        resources["memory"] = format_memory(group.memory)
+    if group.numGpus:
+        resources["nvidia.com/gpu"] = str(math.ceil(group.numGpus))
+    container: dict[str, Any] = {
+        "name": container_name,
+        "image": f"{RAY_IMAGE}:{ray_version}",
+        "resources": {"limits": dict(resources), "requests": dict(resources)},
+    }
+    env = []
+    for name, value in group.env.items():
+        ref = refs.get(name)
+        if ref is not None:
+            env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}})
+        else:
+            env.append({"name": name, "value": value})
+    if env:
+        container["env"] = env
+    return {"spec": {"containers": [container]}}
