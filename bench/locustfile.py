@@ -7,13 +7,23 @@ line, so a truncated or mixed-up answer counts as a failure too. Every failure i
 No request is ever re-sent: Locust's HttpUser sends through requests' HTTPAdapter, whose default
 `Retry(0, read=False)` does not retry (bare urllib3 would: `Retry.DEFAULT` is 3 tries, reads
 included, for GET). `on_start` pins that on every adapter so a version change cannot bring it back.
+
+With SERVEKEEPER_LOCUST_FINAL set, the final totals and failures by kind are written there as
+JSON when Locust exits (its `quit` event, after the users are stopped): Locust's `_stats.csv` and
+`_failures.csv` are rewritten only once a second while it runs, never at shutdown, so they miss
+the end of the run, and `--json-file` has the totals but not the failures.
 """
 
+import json
+import os
 import random
 import string
+from typing import Any
 
 import requests
-from locust import HttpUser, constant, task
+from locust import HttpUser, constant, events, task
+from locust.env import Environment
+from locust.stats import StatsError
 from urllib3.util.retry import Retry
 
 POST_SHARE = 0.5
@@ -34,6 +44,41 @@ def failure_kind(error: Exception) -> str:
     else:
         kind = "error"
     return f"{kind}: {type(cause).__name__}"
+
+
+_environment: list[Environment] = []
+
+
+@events.init.add_listener
+def _remember_environment(environment: Environment, **_: Any) -> None:
+    _environment.append(environment)
+
+
+@events.quit.add_listener
+def _write_final_stats(exit_code: int, **_: Any) -> None:
+    path = os.environ.get("SERVEKEEPER_LOCUST_FINAL")
+    if not path or not _environment:
+        return
+    stats = _environment[0].stats
+    total = stats.total
+    final = {
+        "exit_code": exit_code,
+        "requests": total.num_requests,
+        "failures": total.num_failures,
+        "p50_ms": total.get_response_time_percentile(0.50),
+        "p99_ms": total.get_response_time_percentile(0.99),
+        "rps": round(total.total_rps, 2),
+        "by_method": {
+            entry.method: {"requests": entry.num_requests, "failures": entry.num_failures}
+            for entry in stats.entries.values()
+        },
+        "failures_by_kind": [
+            {"method": error.method, "error": StatsError.parse_error(error.error), "occurrences": error.occurrences}
+            for error in stats.errors.values()
+        ],
+    }
+    with open(path, "w") as handle:
+        json.dump(final, handle, indent=1)
 
 
 class NewConnectionUser(HttpUser):

@@ -55,23 +55,25 @@ def read_history(prefix: Path) -> list[dict[str, str]]:
         return [row for row in csv.DictReader(handle) if row["Name"] == "Aggregated"]
 
 
-def read_failures(prefix: Path) -> dict[str, int]:
+def read_final(path: Path) -> dict[str, Any]:
+    """Locust's exact totals, written by the locustfile when Locust exits (its `_stats.csv` and
+    `_failures.csv` are refreshed once a second while it runs, never at shutdown)."""
+    try:
+        final = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AssertionError(f"Locust wrote no final stats to {path} (did it exit cleanly?)") from None
     kinds: dict[str, int] = {}
-    with open(f"{prefix}_failures.csv") as handle:
-        for row in csv.DictReader(handle):
-            kinds[row["Error"][:160]] = kinds.get(row["Error"][:160], 0) + int(row["Occurrences"])
-    return kinds
-
-
-def read_totals(prefix: Path) -> dict[str, Any]:
-    with open(f"{prefix}_stats.csv") as handle:
-        row = next(r for r in csv.DictReader(handle) if r["Name"] == "Aggregated")
+    for error in final["failures_by_kind"]:
+        kind = error["error"][:160]
+        kinds[kind] = kinds.get(kind, 0) + int(error["occurrences"])
     return {
-        "requests": int(row["Request Count"]),
-        "failures": int(row["Failure Count"]),
-        "p50_ms": float(row["50%"]),
-        "p99_ms": float(row["99%"]),
-        "rps": float(row["Requests/s"]),
+        "requests": int(final["requests"]),
+        "failures": int(final["failures"]),
+        "p50_ms": float(final["p50_ms"]),
+        "p99_ms": float(final["p99_ms"]),
+        "rps": float(final["rps"]),
+        "by_method": final["by_method"],
+        "failures_by_kind": kinds,
     }
 
 
@@ -111,6 +113,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sk = Servekeeper(Path(tempfile.mkdtemp(prefix="skbench-")), Path(tempfile.mkdtemp()))
     port = free_port()
     csv_prefix = Path(tempfile.mkdtemp()) / "locust"
+    final_stats = csv_prefix.with_name("final.json")
     marks: list[dict[str, Any]] = []
     locust = None
     try:
@@ -141,7 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            env={**os.environ, "PYTHONWARNINGS": "ignore", "SERVEKEEPER_LOCUST_FINAL": str(final_stats)},
         )
         time.sleep(args.settle)
         seen = len(moments(sk))
@@ -164,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 locust.kill()
         leftovers = sk.down_and_check_nothing_left()
-    totals = read_totals(csv_prefix)
+    totals = read_final(final_stats)
     history = read_history(csv_prefix)
     name = f"zero_downtime-{args.gate}-{args.upgrades}x"
     if not args.no_plot:
@@ -185,7 +188,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "replica_ready_delay_s": args.ready_delay,
         "replicas": args.replicas,
         **totals,
-        "failures_by_kind": read_failures(csv_prefix),
         "upgrade_moments": marks,
         "leftover_processes": leftovers,
         "plot": f"bench/results/{name}.png" if not args.no_plot else None,
