@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import importlib.metadata
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -22,28 +21,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from servekeeper.controller import Controller
-from servekeeper.core.placement import insufficient_capacity
 from servekeeper.core.views import event_view, service_view
-from servekeeper.kuberay.export import export_manifest, render_manifest
-from servekeeper.kuberay.notes import SecretRef
-from servekeeper.kuberay.translate import ImportResult, import_documents, is_kuberay, kuberay_path
-from servekeeper.machine import machine_capacity
+from servekeeper.metrics import CONTENT_TYPE, Metrics, record_applied
 from servekeeper.package import PackageError, package_for_spec, prune_packages
-from servekeeper.secrets import read_secrets
 from servekeeper.spec import ServiceSpec, SpecError, parse_spec
 from servekeeper.store import Store
 
-IMPORT_FACT = "import:{name}"  # how a service's spec was imported (KubeRay notes, secret refs)
-
 
 class ApplyRequest(BaseModel):
-    """A servekeeper spec (`spec`), or a KubeRay manifest: one document as `spec`, or every
-    document of a multi-document file as `documents`, with `baseDir` (the file's folder) to
-    resolve a relative `working_dir`."""
-
-    spec: dict[str, Any] | None = None
-    documents: list[Any] | None = None
-    baseDir: str | None = None
+    spec: dict[str, Any]
 
 
 class ShutdownRequest(BaseModel):
@@ -56,13 +42,9 @@ def build_app(
     token: str,
     request_shutdown: Callable[[bool], Awaitable[None]],
     packages_dir: Path | None = None,
-    secrets_dir: Path | None = None,
 ) -> FastAPI:
     """`packages_dir`: where code packages go (the daemon's state dir); without it, a local
-    workingDir is handed to Ray as a live `local://` path (unit tests of the API only).
-    `secrets_dir`: `servekeeper secret`s for KubeRay's secretKeyRef (default: beside packages_dir)."""
-    if secrets_dir is None and packages_dir is not None:
-        secrets_dir = packages_dir.parent / "secrets"
+    workingDir is handed to Ray as a live `local://` path (unit tests of the API only)."""
     app = FastAPI(title="servekeeper", version="v1alpha1", docs_url=None, redoc_url=None)
     expected = f"Bearer {token}".encode()
     # Applies one at a time from packaging to pruning: a prune never removes the package of
@@ -84,23 +66,9 @@ def build_app(
         if service is None:
             raise HTTPException(status_code=404, detail=f"service {name!r} not found")
         spec = ServiceSpec.model_validate_json(service.spec_json)
-        result = service_view(
+        return service_view(
             service, spec.spec.ingress.port, store.list_clusters(name), controller.status_snapshot(name)
         )
-        imported = store.get_fact(IMPORT_FACT.format(name=name)) or {}
-        result["importedFrom"] = imported.get("source")
-        result["importNotes"] = imported.get("notes", [])
-        return result
-
-    def translate(body: ApplyRequest) -> tuple[ServiceSpec, ImportResult | None]:
-        documents = body.documents if body.documents is not None else [body.spec]
-        if is_kuberay(documents):
-            secrets = read_secrets(secrets_dir) if secrets_dir is not None else {}
-            imported = import_documents(documents, _ray_version(), secrets, body.baseDir)
-            return imported.spec, imported
-        if len(documents) != 1:
-            raise SpecError([f"(document): expected exactly one YAML document, found {len(documents)}"])
-        return parse_spec(documents[0]), None
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -109,11 +77,7 @@ def build_app(
     @app.post("/api/v1/services")
     async def apply(body: ApplyRequest) -> dict[str, Any]:
         try:
-            spec, imported = translate(body)
-            # Refused here, before anything starts: a cluster that cannot be placed never comes up.
-            capacity_problems = insufficient_capacity(spec, machine_capacity())
-            if capacity_problems:
-                raise SpecError([kuberay_path(p) if imported else p for p in capacity_problems])
+            spec = parse_spec(body.spec)
         except SpecError as exc:
             raise HTTPException(status_code=422, detail={"problems": exc.problems}) from exc
         for other in store.list_services():
@@ -126,18 +90,7 @@ def build_app(
                     detail={"problems": [f"spec.ingress.port: port {other_port} is used by service {other.name!r}"]},
                 )
         async with packaging:
-            result = await _store_spec(spec)
-            store.set_fact(
-                IMPORT_FACT.format(name=spec.name),
-                {
-                    "source": imported.source,
-                    "notes": [note.to_json() for note in imported.notes],
-                    "secretRefs": [ref.to_json() for ref in imported.secret_refs],
-                }
-                if imported
-                else None,
-            )
-            return result
+            return await _store_spec(spec)
 
     async def _store_spec(spec: ServiceSpec) -> dict[str, Any]:
         package_hash = None
@@ -150,7 +103,11 @@ def build_app(
                     status_code=422, detail={"problems": [f"spec.rayClusterConfig.workingDir: {exc}"]}
                 ) from exc
             package_hash = package.hash if package else None
-        service, changed = store.apply_spec(spec.name, spec.to_json(), time.time(), package_hash=package_hash)
+        now = time.time()
+        with store.transaction():  # the spec and when it was applied (rollout durations), together
+            service, changed = store.apply_spec(spec.name, spec.to_json(), now, package_hash=package_hash)
+            if changed:
+                record_applied(store, service.name, service.generation, now)
         if packages_dir is not None and changed:
             keep = {s.package_hash for s in store.list_services()} | {c.package_hash for c in store.list_clusters()}
             await asyncio.to_thread(prune_packages, packages_dir, {h for h in keep if h is not None})
@@ -164,19 +121,6 @@ def build_app(
     @app.get("/api/v1/services/{name}")
     async def get_service(name: str) -> dict[str, Any]:
         return view(name)
-
-    @app.get("/api/v1/services/{name}/export")
-    async def export(name: str, format: str = "kuberay") -> dict[str, Any]:
-        if format != "kuberay":
-            raise HTTPException(status_code=422, detail={"problems": [f"format: {format!r} is not 'kuberay'"]})
-        service = store.get_service(name)
-        if service is None:
-            raise HTTPException(status_code=404, detail=f"service {name!r} not found")
-        spec = ServiceSpec.model_validate_json(service.spec_json)
-        imported = store.get_fact(IMPORT_FACT.format(name=name)) or {}
-        refs = [SecretRef.from_json(ref) for ref in imported.get("secretRefs", [])]
-        manifest, comments = export_manifest(spec, _ray_version(), refs)
-        return {"format": "kuberay", "manifest": render_manifest(manifest, comments)}
 
     @app.delete("/api/v1/services/{name}")
     async def delete_service(name: str) -> dict[str, Any]:
@@ -197,6 +141,17 @@ def build_app(
     return app
 
 
-def _ray_version() -> str:
-    """The Ray every cluster runs (`ray.__version__`), read without importing Ray."""
-    return importlib.metadata.version("ray")
+def add_metrics_route(app: FastAPI, metrics: Metrics) -> None:
+    """`GET /metrics` (Prometheus text format). On the API app it is behind the token like every
+    call there; `build_metrics_app` serves it alone without one (`up --metrics-port`, loopback)."""
+
+    async def prometheus_metrics() -> Response:
+        return Response(await metrics.render(), media_type=CONTENT_TYPE)
+
+    app.add_api_route("/metrics", prometheus_metrics, methods=["GET"], include_in_schema=False)
+
+
+def build_metrics_app(metrics: Metrics) -> FastAPI:
+    app = FastAPI(title="servekeeper metrics", docs_url=None, redoc_url=None, openapi_url=None)
+    add_metrics_route(app, metrics)
+    return app

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -31,10 +30,7 @@ from servekeeper.client import (
     is_true,
     read_api_info,
 )
-from servekeeper.daemon import DaemonError, run_daemon, start_detached
-from servekeeper.jobs import NoSuchCluster, env_lines, pick_cluster, submit_job
-from servekeeper.kuberay.status import kuberay_service
-from servekeeper.secrets import SecretError, delete_secret, list_secrets, parse_pairs, secrets_dir, set_secret
+from servekeeper.daemon import DaemonError, configure_logging, run_daemon, start_detached
 from servekeeper.store import StoreError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -94,15 +90,26 @@ def up(
     api_host: Annotated[str, typer.Option(help="Address the API binds to.")] = "127.0.0.1",
     api_port: Annotated[int, typer.Option(help="API port (0: pick a free one).")] = 0,
     allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a non-loopback API address.")] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Also serve GET /metrics without the token on 127.0.0.1:PORT (0: pick a free one)."),
+    ] = None,
+    log_format: Annotated[
+        str, typer.Option(help="text | json (one JSON object per line; events carry service and reason).")
+    ] = "text",
 ) -> None:
     """Start the controller, its API and the ingress (re-adopting running clusters)."""
     directory = _state(state_dir)
+    if log_format not in ("text", "json"):
+        errors.print(f"--log-format must be text or json, not {log_format!r}", markup=False)
+        raise typer.Exit(2)
     if detach:
         info = read_api_info(directory)
         if info is not None and _api_answers(directory):
             console.print(f"servekeeper already running (pid {info['pid']}), API {info['url']}")
             return
         extra = ["--api-host", api_host, "--api-port", str(api_port)] + (["--allow-remote"] if allow_remote else [])
+        extra += ["--log-format", log_format] + ([] if metrics_port is None else ["--metrics-port", str(metrics_port)])
         try:
             info = start_detached(directory, extra)
         except DaemonError as exc:
@@ -110,9 +117,9 @@ def up(
             raise typer.Exit(1) from exc
         console.print(f"servekeeper up (pid {info['pid']}), API {info['url']}, state in {directory}")
         return
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(log_format)
     try:
-        asyncio.run(run_daemon(directory, api_host, api_port, allow_remote))
+        asyncio.run(run_daemon(directory, api_host, api_port, allow_remote, metrics_port))
     except (DaemonError, StoreError) as exc:
         errors.print(str(exc), style="red", markup=False)
         raise typer.Exit(1) from exc
@@ -149,7 +156,7 @@ def delete(name: str, state_dir: StateDir = None) -> None:
 @app.command()
 def get(
     name: Annotated[str | None, typer.Argument()] = None,
-    output: Annotated[str, typer.Option("-o", "--output", help="table | json | kuberay")] = "table",
+    output: Annotated[str, typer.Option("-o", "--output", help="table | json")] = "table",
     state_dir: StateDir = None,
 ) -> None:
     """Show services (or one service)."""
@@ -158,10 +165,6 @@ def get(
         views = [client.get(name)] if name else client.list()
     if output == "json":
         print(json.dumps(views[0] if name else views, indent=2))
-        return
-    if output == "kuberay":  # KubeRay's RayService status shape, as `kubectl get rayservice -o json`
-        objects = [kuberay_service(dict(view)) for view in views]
-        print(json.dumps(objects[0] if name else {"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
         return
     table = Table("NAME", "READY", "GENERATION", "ACTIVE", "PENDING", "INGRESS", box=None)
     for view in views:
@@ -201,11 +204,6 @@ def describe(name: str, state_dir: StateDir = None) -> None:
             _when(condition["lastTransitionTime"]),
         )
     console.print(conditions)
-    notes = view.get("importNotes") or []
-    if notes:
-        console.print(f"\n[bold]Ignored on this provider[/bold] (imported from {view.get('importedFrom')})")
-        for note in notes:
-            console.print(f"  {note['path']}  {note['kind']}: {note['message']}", markup=False)
     clusters = [("active", view["activeCluster"]), ("pending", view["pendingCluster"])]
     clusters += [(c["role"], c) for c in view["otherClusters"]]
     for role, cluster in clusters:
@@ -254,101 +252,6 @@ def wait(
     with _shown_errors():  # RolloutFailed: exit 1, WaitTimeout: exit 2
         view = _client(state_dir).wait(name, timeout=timeout)
     console.print(f"service/{name} generation {view['generation']} is Ready at {view['ingress']['url']}")
-
-
-@app.command()
-def export(
-    name: str,
-    output_format: Annotated[str, typer.Option("--format", help="kuberay")] = "kuberay",
-    state_dir: StateDir = None,
-) -> None:
-    """Print the service as a KubeRay RayService manifest (ray.io/v1)."""
-    with _shown_errors():
-        print(_client(state_dir).export(name, format=output_format), end="")
-
-
-secret_app = typer.Typer(no_args_is_help=True, help="Secrets that KubeRay manifests name in valueFrom.secretKeyRef.")
-app.add_typer(secret_app, name="secret")
-
-
-@secret_app.command("set")
-def secret_set(
-    name: str,
-    pairs: Annotated[list[str], typer.Argument(help="KEY=VALUE pairs")],
-    state_dir: StateDir = None,
-) -> None:
-    """Create or replace a secret (stored mode 0600 in the state dir); re-apply to use new values."""
-    try:
-        set_secret(secrets_dir(_state(state_dir)), name, parse_pairs(pairs))
-    except SecretError as exc:
-        errors.print(str(exc), markup=False)
-        raise typer.Exit(1) from exc
-    console.print(f"secret/{name} set ({len(pairs)} key(s))")
-
-
-@secret_app.command("list")
-def secret_list(state_dir: StateDir = None) -> None:
-    """Secrets and their key names (never the values)."""
-    table = Table("NAME", "KEYS", box=None)
-    for name, keys in list_secrets(secrets_dir(_state(state_dir))).items():
-        table.add_row(name, ", ".join(keys))
-    console.print(table)
-
-
-@secret_app.command("delete")
-def secret_delete(name: str, state_dir: StateDir = None) -> None:
-    """Delete a secret (services applied with it keep the values they were given)."""
-    try:
-        deleted = delete_secret(secrets_dir(_state(state_dir)), name)
-    except SecretError as exc:
-        errors.print(str(exc), markup=False)
-        raise typer.Exit(1) from exc
-    if not deleted:
-        errors.print(f"secret {name!r} not found")
-        raise typer.Exit(1)
-    console.print(f"secret/{name} deleted")
-
-
-job_app = typer.Typer(no_args_is_help=True, help="Ray jobs on a service's cluster.")
-app.add_typer(job_app, name="job")
-
-
-@job_app.command("submit")
-def job_submit(
-    name: str,
-    entrypoint: Annotated[list[str], typer.Argument(help="The driver command, after --")],
-    cluster: Annotated[str, typer.Option("--cluster", help="active | pending")] = "active",
-    working_dir: Annotated[Path, typer.Option("--working-dir", help="Uploaded as the job's working_dir.")] = Path(),
-    state_dir: StateDir = None,
-) -> None:
-    """Run a driver on the service's cluster with Ray's Jobs API; exit with the job's code."""
-    if cluster not in ("active", "pending"):
-        errors.print("--cluster must be active or pending")
-        raise typer.Exit(1)
-    with _shown_errors():
-        view = _client(state_dir).get(name)
-    try:
-        target = pick_cluster(dict(view), cluster)
-    except NoSuchCluster as exc:
-        errors.print(str(exc))
-        raise typer.Exit(1) from exc
-    raise typer.Exit(submit_job(str(target["dashboardUrl"]), entrypoint, working_dir))
-
-
-@app.command("env")
-def env_command(
-    name: str,
-    cluster: Annotated[str, typer.Option("--cluster", help="active | pending")] = "active",
-    state_dir: StateDir = None,
-) -> None:
-    """`export` lines that let a local `ray.init()` reach the service's cluster."""
-    with _shown_errors():
-        view = _client(state_dir).get(name)
-    try:
-        print("\n".join(env_lines(dict(view), cluster)))
-    except NoSuchCluster as exc:
-        errors.print(str(exc))
-        raise typer.Exit(1) from exc
 
 
 @app.command()

@@ -24,6 +24,7 @@ from servekeeper.core.planner import plan
 from servekeeper.core.serve_config import build_serve_config, config_deployed, desired_config_hash
 from servekeeper.dataplane import Backend, DataPlaneError, Endpoint, RouteObservation, ServiceRoute
 from servekeeper.faults import Hooks
+from servekeeper.metrics import ControllerMetrics
 from servekeeper.package import Package
 from servekeeper.ports import PortAllocator
 from servekeeper.probes import ProbeRunner
@@ -83,8 +84,10 @@ class Controller:
         gate: SwitchGate = SwitchGate.READY,
         hooks: Hooks | None = None,
         serve: ServeClient | None = None,
+        metrics: ControllerMetrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics or ControllerMetrics()  # rollouts, config PUTs, tick durations
         self.provider = provider
         self.dataplane = dataplane
         self.serve = serve or ServeClient(session)
@@ -124,6 +127,7 @@ class Controller:
         wakeup = self._wakeups.setdefault(name, asyncio.Event())
         while not self._stopping:
             wakeup.clear()  # before the tick: a wake() that comes during it runs the next one at once
+            started = time.perf_counter()
             try:
                 delay = await self.tick(name)
             except asyncio.CancelledError:
@@ -131,6 +135,7 @@ class Controller:
             except Exception:
                 logger.exception("[%s] tick failed; retrying", name)
                 delay = STEADY_TICK_SECONDS
+            self.metrics.tick_finished(name, time.perf_counter() - started)
             if delay is None:
                 self._wakeups.pop(name, None)
                 return  # the service is gone
@@ -165,9 +170,12 @@ class Controller:
                 after = after.with_changes(failed_generation=service.generation, failure_reason=tick.rejected)
             self._persist_status(service, after)
             self.store.add_events(tick.events)
+            self.metrics.tick_persisted(self.store, service, after, tick.events, self.clock())
             for event in tick.events:
                 log = logger.warning if event.type == "Warning" else logger.info
-                log("[%s] %s: %s", name, event.reason, event.message)
+                # `extra`: the fields of a structured (--log-format json) log line
+                extra = {"service": name, "event_type": event.type, "reason": event.reason, "event_time": event.time}
+                log("[%s] %s: %s", name, event.reason, event.message, extra=extra)
         self.hooks.after_tick(self.store.list_clusters(name), decision.actions)
         if any(isinstance(action, act.ForgetService) for action in decision.actions):
             self.observations.pop(name, None)
@@ -408,6 +416,7 @@ class Controller:
         self.store.record_submission(cluster.name, action.config_hash, self.clock(), json.dumps(document))
         self._documents[(cluster.name, action.config_hash)] = document
         self.hooks.reached("config-audited", cluster, service.generation)
+        self.metrics.config_submitted(service.name)
         try:
             await self.hooks.before_config_put(cluster, service.generation)
             await self.serve.put_config(cluster.dashboard_url, document)

@@ -26,12 +26,13 @@ from typing import IO, Any
 import aiohttp
 import uvicorn
 
-from servekeeper.api import build_app
+from servekeeper.api import add_metrics_route, build_app, build_metrics_app
 from servekeeper.client import default_state_dir as default_state_dir  # re-exported: the client
 from servekeeper.client import read_api_info as read_api_info  # reads what the daemon writes
 from servekeeper.controller import Controller
 from servekeeper.dataplane import DataPlane, DataPlaneError
 from servekeeper.faults import hooks_from_environment
+from servekeeper.metrics import ControllerMetrics, Metrics
 from servekeeper.ports import PortAllocator
 from servekeeper.providers.local import LocalProvider
 from servekeeper.status import SwitchGate
@@ -77,8 +78,13 @@ async def stop_data_plane(dataplane: DataPlane) -> None:
 
 
 async def run_daemon(
-    state_dir: Path, api_host: str = "127.0.0.1", api_port: int = 0, allow_remote: bool = False
+    state_dir: Path,
+    api_host: str = "127.0.0.1",
+    api_port: int = 0,
+    allow_remote: bool = False,
+    metrics_port: int | None = None,
 ) -> None:
+    """`metrics_port`: also serve GET /metrics without the token on 127.0.0.1:PORT (0: any free port)."""
     if api_host not in LOOPBACK_HOSTS and not allow_remote:
         raise DaemonError(f"refusing to bind the API to {api_host}: pass --allow-remote to expose it")
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -94,7 +100,14 @@ async def run_daemon(
         dataplane = DataPlane(state_dir)
         await dataplane.start_or_adopt()
         hooks = hooks_from_environment()  # tests and benchmarks only; production gets no-op hooks
-        controller = Controller(store, LocalProvider(hooks), dataplane, session, state_dir, gate=gate, hooks=hooks)
+        controller_metrics = ControllerMetrics()
+        provider = LocalProvider(hooks)
+        controller = Controller(
+            store, provider, dataplane, session, state_dir, gate=gate, hooks=hooks, metrics=controller_metrics
+        )
+        metrics = Metrics(
+            store, controller_metrics, controller.status_snapshot, dataplane.routes, dataplane.backend_stats
+        )
         stop = asyncio.Event()
         supervisor = asyncio.create_task(dataplane.supervise(stop), name="dataplane-supervisor")
         stop_everything = False
@@ -106,6 +119,7 @@ async def run_daemon(
 
         port = api_port or PortAllocator().one()
         app = build_app(controller, store, token, request_shutdown, packages_dir=state_dir / "packages")
+        add_metrics_route(app, metrics)  # behind the token, like every call of the API
         server = uvicorn.Server(
             uvicorn.Config(app, host=api_host, port=port, log_level="warning", lifespan="off", access_log=False)
         )
@@ -119,13 +133,21 @@ async def run_daemon(
             await supervisor
             await dataplane.close()
             raise DaemonError(f"the API could not listen on {api_host}:{port}")
+        metrics_server = None
+        if metrics_port is not None:
+            metrics_server = await _serve_metrics(metrics, metrics_port)
         (state_dir / "controller.pid").write_text(str(os.getpid()))
-        _write_json(state_dir / "api.json", {"url": f"http://{_url_host(api_host)}:{port}", "pid": os.getpid()})
+        api_info: dict[str, Any] = {"url": f"http://{_url_host(api_host)}:{port}", "pid": os.getpid()}
+        if metrics_server is not None:
+            api_info["metricsUrl"] = f"http://127.0.0.1:{metrics_server.config.port}/metrics"
+        _write_json(state_dir / "api.json", api_info)
         logger.info("servekeeper is up: API on %s:%d, state in %s", api_host, port, state_dir)
         try:
             await serve_task
         finally:
             stop.set()
+            if metrics_server is not None:
+                metrics_server.should_exit = True
             await loop_task
             await supervisor
             await controller.shutdown(stop_clusters=stop_everything)
@@ -171,3 +193,49 @@ def start_detached(state_dir: Path, extra_args: list[str], timeout: float = 60.0
             raise DaemonError(f"servekeeper up exited with {process.returncode}; see {state_dir}/controller.log")
         time.sleep(0.1)
     raise DaemonError(f"servekeeper up did not answer within {timeout:g}s; see {state_dir}/controller.log")
+
+
+async def _serve_metrics(metrics: Metrics, port: int) -> uvicorn.Server:
+    """GET /metrics without the token, on loopback only: for a local Prometheus (or its agent)."""
+    port = port or PortAllocator().one()
+    app = build_metrics_app(metrics)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", access_log=False)
+    )
+    task = asyncio.create_task(server.serve(), name="metrics")
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if task.done():
+        raise DaemonError(f"the metrics endpoint could not listen on 127.0.0.1:{port}")
+    logger.info("metrics without the token on http://127.0.0.1:%d/metrics", port)
+    return server
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line (`up --log-format json`); a controller event carries its fields
+    (`service`, `event_type`, `reason`, `event_time`) beside the message."""
+
+    FIELDS = ("service", "event_type", "reason", "event_time")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": record.created,
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in self.FIELDS:
+            if name in record.__dict__:
+                line[name] = record.__dict__[name]
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def configure_logging(log_format: str = "text") -> None:
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
