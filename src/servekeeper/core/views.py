@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from servekeeper.spec import RayClusterConfigSpec, ServiceSpec
 from servekeeper.status import ClusterRecord, ClusterRole, Event, Observation, ServiceRecord
 
 
 def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffic_percent: int) -> dict[str, Any]:
     observed = observation.clusters.get(cluster.name) if observation else None
+    route = observation.route if observation else None
+    # Requests and open streams the ingress still has on this cluster (None: not routed or unread).
+    inflight = route.inflight.get(cluster.name) if route is not None and cluster.name in route.upstreams else None
     apps = {}
     if observed is not None and observed.apps is not None:
         apps = {
@@ -25,14 +29,37 @@ def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffi
         "trafficPercent": traffic_percent,
         "headPid": cluster.head_pid,
         "workerPids": list(cluster.worker_pids),
+        "workersExpected": _workers_expected(cluster),
         "appliedConfigHash": cluster.applied_config_hash,
         "goodConfigHash": cluster.good_config_hash,
         "packageHash": cluster.package_hash,
         "createdAt": cluster.created_at,
+        "submittedConfigHash": cluster.submitted_config_hash,
+        "configSubmittedAt": cluster.config_submitted_at,
+        "readyAt": cluster.ready_at,
+        "drainStartedAt": cluster.drain_started_at,
+        "failureReason": cluster.failure_reason,
         "headAlive": observed.processes_alive if observed else None,
+        "dashboardOk": observed.dashboard_ok if observed else None,
+        "deployedConfigHash": observed.deployed_config_hash if observed else None,
+        "inflightRequests": inflight,
         "applications": apps,
         "probes": [probe.to_json() for probe in observed.probes] if observed else [],
     }
+
+
+def _workers_expected(cluster: ClusterRecord) -> int | None:
+    try:
+        return RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).worker_count()
+    except ValueError:  # a record stored by an older version: the count is unknown, not an error
+        return None
+
+
+def _declared_apps(service: ServiceRecord) -> list[str]:
+    try:
+        return sorted(ServiceSpec.model_validate_json(service.spec_json).declared_apps())
+    except ValueError:
+        return []
 
 
 def service_view(
@@ -61,6 +88,7 @@ def service_view(
             cluster_view(c, observation, 0) for c in clusters if c.role in (ClusterRole.DRAINING, ClusterRole.DELETING)
         ],
         "failureReason": service.failure_reason if service.failed_generation == service.generation else None,
+        "declaredApplications": _declared_apps(service),
     }
 
 
