@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import importlib.metadata
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,15 +22,29 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from servekeeper.controller import Controller
+from servekeeper.core.placement import insufficient_capacity
 from servekeeper.core.views import event_view, service_view
+from servekeeper.kuberay.export import export_manifest, render_manifest
+from servekeeper.kuberay.notes import SecretRef
+from servekeeper.kuberay.translate import ImportResult, import_documents, is_kuberay, kuberay_path
+from servekeeper.machine import machine_capacity
 from servekeeper.metrics import CONTENT_TYPE, Metrics, record_applied
 from servekeeper.package import PackageError, package_for_spec, prune_packages
+from servekeeper.secrets import read_secrets
 from servekeeper.spec import ServiceSpec, SpecError, parse_spec
 from servekeeper.store import Store
 
+IMPORT_FACT = "import:{name}"  # how a service's spec was imported (KubeRay notes, secret refs)
+
 
 class ApplyRequest(BaseModel):
-    spec: dict[str, Any]
+    """A servekeeper spec (`spec`), or a KubeRay manifest: one document as `spec`, or every
+    document of a multi-document file as `documents`, with `baseDir` (the file's folder) to
+    resolve a relative `working_dir`."""
+
+    spec: dict[str, Any] | None = None
+    documents: list[Any] | None = None
+    baseDir: str | None = None
 
 
 class ShutdownRequest(BaseModel):
@@ -42,9 +57,13 @@ def build_app(
     token: str,
     request_shutdown: Callable[[bool], Awaitable[None]],
     packages_dir: Path | None = None,
+    secrets_dir: Path | None = None,
 ) -> FastAPI:
     """`packages_dir`: where code packages go (the daemon's state dir); without it, a local
-    workingDir is handed to Ray as a live `local://` path (unit tests of the API only)."""
+    workingDir is handed to Ray as a live `local://` path (unit tests of the API only).
+    `secrets_dir`: `servekeeper secret`s for KubeRay's secretKeyRef (default: beside packages_dir)."""
+    if secrets_dir is None and packages_dir is not None:
+        secrets_dir = packages_dir.parent / "secrets"
     app = FastAPI(title="servekeeper", version="v1alpha1", docs_url=None, redoc_url=None)
     expected = f"Bearer {token}".encode()
     # Applies one at a time from packaging to pruning: a prune never removes the package of
@@ -66,9 +85,23 @@ def build_app(
         if service is None:
             raise HTTPException(status_code=404, detail=f"service {name!r} not found")
         spec = ServiceSpec.model_validate_json(service.spec_json)
-        return service_view(
+        result = service_view(
             service, spec.spec.ingress.port, store.list_clusters(name), controller.status_snapshot(name)
         )
+        imported = store.get_fact(IMPORT_FACT.format(name=name)) or {}
+        result["importedFrom"] = imported.get("source")
+        result["importNotes"] = imported.get("notes", [])
+        return result
+
+    def translate(body: ApplyRequest) -> tuple[ServiceSpec, ImportResult | None]:
+        documents = body.documents if body.documents is not None else [body.spec]
+        if is_kuberay(documents):
+            secrets = read_secrets(secrets_dir) if secrets_dir is not None else {}
+            imported = import_documents(documents, _ray_version(), secrets, body.baseDir)
+            return imported.spec, imported
+        if len(documents) != 1:
+            raise SpecError([f"(document): expected exactly one YAML document, found {len(documents)}"])
+        return parse_spec(documents[0]), None
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -77,7 +110,11 @@ def build_app(
     @app.post("/api/v1/services")
     async def apply(body: ApplyRequest) -> dict[str, Any]:
         try:
-            spec = parse_spec(body.spec)
+            spec, imported = translate(body)
+            # Refused here, before anything starts: a cluster that cannot be placed never comes up.
+            capacity_problems = insufficient_capacity(spec, machine_capacity())
+            if capacity_problems:
+                raise SpecError([kuberay_path(p) if imported else p for p in capacity_problems])
         except SpecError as exc:
             raise HTTPException(status_code=422, detail={"problems": exc.problems}) from exc
         for other in store.list_services():
@@ -90,7 +127,18 @@ def build_app(
                     detail={"problems": [f"spec.ingress.port: port {other_port} is used by service {other.name!r}"]},
                 )
         async with packaging:
-            return await _store_spec(spec)
+            result = await _store_spec(spec)
+            store.set_fact(
+                IMPORT_FACT.format(name=spec.name),
+                {
+                    "source": imported.source,
+                    "notes": [note.to_json() for note in imported.notes],
+                    "secretRefs": [ref.to_json() for ref in imported.secret_refs],
+                }
+                if imported
+                else None,
+            )
+            return result
 
     async def _store_spec(spec: ServiceSpec) -> dict[str, Any]:
         package_hash = None
@@ -122,6 +170,19 @@ def build_app(
     async def get_service(name: str) -> dict[str, Any]:
         return view(name)
 
+    @app.get("/api/v1/services/{name}/export")
+    async def export(name: str, format: str = "kuberay") -> dict[str, Any]:
+        if format != "kuberay":
+            raise HTTPException(status_code=422, detail={"problems": [f"format: {format!r} is not 'kuberay'"]})
+        service = store.get_service(name)
+        if service is None:
+            raise HTTPException(status_code=404, detail=f"service {name!r} not found")
+        spec = ServiceSpec.model_validate_json(service.spec_json)
+        imported = store.get_fact(IMPORT_FACT.format(name=name)) or {}
+        refs = [SecretRef.from_json(ref) for ref in imported.get("secretRefs", [])]
+        manifest, comments = export_manifest(spec, _ray_version(), refs)
+        return {"format": "kuberay", "manifest": render_manifest(manifest, comments)}
+
     @app.delete("/api/v1/services/{name}")
     async def delete_service(name: str) -> dict[str, Any]:
         if store.mark_deleting(name) is None:
@@ -139,6 +200,11 @@ def build_app(
         return {"ok": True}
 
     return app
+
+
+def _ray_version() -> str:
+    """The Ray every cluster runs (`ray.__version__`), read without importing Ray."""
+    return importlib.metadata.version("ray")
 
 
 def add_metrics_route(app: FastAPI, metrics: Metrics) -> None:

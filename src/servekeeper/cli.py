@@ -31,6 +31,9 @@ from servekeeper.client import (
     read_api_info,
 )
 from servekeeper.daemon import DaemonError, configure_logging, run_daemon, start_detached
+from servekeeper.jobs import NoSuchCluster, env_lines, pick_cluster, submit_job
+from servekeeper.kuberay.status import kuberay_service
+from servekeeper.secrets import SecretError, delete_secret, list_secrets, parse_pairs, secrets_dir, set_secret
 from servekeeper.store import StoreError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -156,7 +159,7 @@ def delete(name: str, state_dir: StateDir = None) -> None:
 @app.command()
 def get(
     name: Annotated[str | None, typer.Argument()] = None,
-    output: Annotated[str, typer.Option("-o", "--output", help="table | json")] = "table",
+    output: Annotated[str, typer.Option("-o", "--output", help="table | json | kuberay")] = "table",
     state_dir: StateDir = None,
 ) -> None:
     """Show services (or one service)."""
@@ -165,6 +168,10 @@ def get(
         views = [client.get(name)] if name else client.list()
     if output == "json":
         print(json.dumps(views[0] if name else views, indent=2))
+        return
+    if output == "kuberay":  # KubeRay's RayService status shape, as `kubectl get rayservice -o json`
+        objects = [kuberay_service(dict(view)) for view in views]
+        print(json.dumps(objects[0] if name else {"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
         return
     table = Table("NAME", "READY", "GENERATION", "ACTIVE", "PENDING", "INGRESS", box=None)
     for view in views:
@@ -204,6 +211,11 @@ def describe(name: str, state_dir: StateDir = None) -> None:
             _when(condition["lastTransitionTime"]),
         )
     console.print(conditions)
+    notes = view.get("importNotes") or []
+    if notes:
+        console.print(f"\n[bold]Ignored on this provider[/bold] (imported from {view.get('importedFrom')})")
+        for note in notes:
+            console.print(f"  {note['path']}  {note['kind']}: {note['message']}", markup=False)
     clusters = [("active", view["activeCluster"]), ("pending", view["pendingCluster"])]
     clusters += [(c["role"], c) for c in view["otherClusters"]]
     for role, cluster in clusters:
@@ -252,6 +264,101 @@ def wait(
     with _shown_errors():  # RolloutFailed: exit 1, WaitTimeout: exit 2
         view = _client(state_dir).wait(name, timeout=timeout)
     console.print(f"service/{name} generation {view['generation']} is Ready at {view['ingress']['url']}")
+
+
+@app.command()
+def export(
+    name: str,
+    output_format: Annotated[str, typer.Option("--format", help="kuberay")] = "kuberay",
+    state_dir: StateDir = None,
+) -> None:
+    """Print the service as a KubeRay RayService manifest (ray.io/v1)."""
+    with _shown_errors():
+        print(_client(state_dir).export(name, format=output_format), end="")
+
+
+secret_app = typer.Typer(no_args_is_help=True, help="Secrets that KubeRay manifests name in valueFrom.secretKeyRef.")
+app.add_typer(secret_app, name="secret")
+
+
+@secret_app.command("set")
+def secret_set(
+    name: str,
+    pairs: Annotated[list[str], typer.Argument(help="KEY=VALUE pairs")],
+    state_dir: StateDir = None,
+) -> None:
+    """Create or replace a secret (stored mode 0600 in the state dir); re-apply to use new values."""
+    try:
+        set_secret(secrets_dir(_state(state_dir)), name, parse_pairs(pairs))
+    except SecretError as exc:
+        errors.print(str(exc), markup=False)
+        raise typer.Exit(1) from exc
+    console.print(f"secret/{name} set ({len(pairs)} key(s))")
+
+
+@secret_app.command("list")
+def secret_list(state_dir: StateDir = None) -> None:
+    """Secrets and their key names (never the values)."""
+    table = Table("NAME", "KEYS", box=None)
+    for name, keys in list_secrets(secrets_dir(_state(state_dir))).items():
+        table.add_row(name, ", ".join(keys))
+    console.print(table)
+
+
+@secret_app.command("delete")
+def secret_delete(name: str, state_dir: StateDir = None) -> None:
+    """Delete a secret (services applied with it keep the values they were given)."""
+    try:
+        deleted = delete_secret(secrets_dir(_state(state_dir)), name)
+    except SecretError as exc:
+        errors.print(str(exc), markup=False)
+        raise typer.Exit(1) from exc
+    if not deleted:
+        errors.print(f"secret {name!r} not found")
+        raise typer.Exit(1)
+    console.print(f"secret/{name} deleted")
+
+
+job_app = typer.Typer(no_args_is_help=True, help="Ray jobs on a service's cluster.")
+app.add_typer(job_app, name="job")
+
+
+@job_app.command("submit")
+def job_submit(
+    name: str,
+    entrypoint: Annotated[list[str], typer.Argument(help="The driver command, after --")],
+    cluster: Annotated[str, typer.Option("--cluster", help="active | pending")] = "active",
+    working_dir: Annotated[Path, typer.Option("--working-dir", help="Uploaded as the job's working_dir.")] = Path(),
+    state_dir: StateDir = None,
+) -> None:
+    """Run a driver on the service's cluster with Ray's Jobs API; exit with the job's code."""
+    if cluster not in ("active", "pending"):
+        errors.print("--cluster must be active or pending")
+        raise typer.Exit(1)
+    with _shown_errors():
+        view = _client(state_dir).get(name)
+    try:
+        target = pick_cluster(dict(view), cluster)
+    except NoSuchCluster as exc:
+        errors.print(str(exc))
+        raise typer.Exit(1) from exc
+    raise typer.Exit(submit_job(str(target["dashboardUrl"]), entrypoint, working_dir))
+
+
+@app.command("env")
+def env_command(
+    name: str,
+    cluster: Annotated[str, typer.Option("--cluster", help="active | pending")] = "active",
+    state_dir: StateDir = None,
+) -> None:
+    """`export` lines that let a local `ray.init()` reach the service's cluster."""
+    with _shown_errors():
+        view = _client(state_dir).get(name)
+    try:
+        print("\n".join(env_lines(dict(view), cluster)))
+    except NoSuchCluster as exc:
+        errors.print(str(exc))
+        raise typer.Exit(1) from exc
 
 
 @app.command()
