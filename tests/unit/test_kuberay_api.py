@@ -1,0 +1,104 @@
+"""A KubeRay manifest through the daemon's API and the CLI's client: translated there, notes
+stored and shown, secrets injected, export, capacity refusals; `servekeeper secret` files."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from servekeeper import api as api_module
+from servekeeper.api import build_app
+from servekeeper.client import _apply_body
+from servekeeper.core.placement import Capacity
+from servekeeper.secrets import SecretError, delete_secret, list_secrets, parse_pairs, read_secrets, set_secret
+from servekeeper.store import Store
+from tests.unit.test_api import AUTH, TOKEN, FakeController
+from tests.unit.test_kuberay_import import SAMPLES, sample_documents
+
+RAY = api_module._ray_version()
+
+
+@pytest.fixture
+def secrets_dir(tmp_path: Path) -> Path:
+    return tmp_path / "secrets"
+
+
+@pytest.fixture
+def client(tmp_path: Path, secrets_dir: Path, monkeypatch: pytest.MonkeyPatch) -> TestClient:
+    monkeypatch.setattr(api_module, "machine_capacity", lambda: Capacity(gpus=0, memory_bytes=64 * 2**30))
+
+    async def shutdown(stop_clusters: bool) -> None:
+        return None
+
+    app = build_app(FakeController(), Store(tmp_path / "store.db"), TOKEN, shutdown, secrets_dir=secrets_dir)  # type: ignore[arg-type]
+    return TestClient(app)
+
+
+def apply(client: TestClient, documents: list[Any]) -> Any:
+    return client.post("/api/v1/services", json={"documents": documents, "baseDir": str(SAMPLES)}, headers=AUTH)
+
+
+def test_sample_is_applied_with_notes_in_the_view_and_exported(client: TestClient) -> None:
+    documents = sample_documents("ray-service.different-port.yaml", ray_version=RAY)
+    assert apply(client, documents).json() == {"name": "rayservice-sample", "generation": 1, "changed": True}
+    view = client.get("/api/v1/services/rayservice-sample", headers=AUTH).json()
+    assert view["importedFrom"] == "ray.io/v1 RayService"
+    assert {(n["kind"], n["path"]) for n in view["importNotes"]} == {
+        ("ignored", "spec.rayClusterConfig.headGroupSpec.template.spec.containers[0].ports"),
+        ("ignored", "spec.rayClusterConfig.workerGroupSpecs[0].template.spec.containers[0].ports"),
+        ("ignored", "spec.rayClusterConfig.workerGroupSpecs[0].maxReplicas"),
+    }
+    assert view["ingress"]["port"] == 9000
+    exported = client.get("/api/v1/services/rayservice-sample/export", headers=AUTH).json()["manifest"]
+    assert yaml.safe_load(exported)["apiVersion"] == "ray.io/v1"
+
+
+def test_version_mismatch_is_a_422_naming_both(client: TestClient) -> None:
+    response = apply(client, sample_documents("ray-service.sample.yaml", ray_version=None))
+    assert response.status_code == 422
+    assert f"asks for Ray 2.52.0, but servekeeper runs Ray {RAY}" in response.json()["detail"]["problems"][0]
+
+
+def test_gpu_sample_is_refused_with_insufficient_capacity_naming_gpu(client: TestClient) -> None:
+    response = apply(client, sample_documents("ray-service.stable-diffusion.yaml", ray_version=RAY))
+    assert response.status_code == 422
+    assert response.json()["detail"]["problems"] == [
+        "spec.rayClusterConfig.workerGroupSpecs[0].numGpus: InsufficientCapacity: the cluster needs 1 GPU in all, "
+        "this machine has 0 GPU"
+    ]
+
+
+def test_secret_key_ref_reads_servekeeper_secrets(client: TestClient, secrets_dir: Path) -> None:
+    documents = sample_documents("ray-service.sample.yaml", ray_version=RAY)
+    container = documents[0]["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    container["env"] = [{"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "api", "key": "key"}}}]
+    refused = apply(client, documents)
+    assert refused.status_code == 422
+    assert "servekeeper secret set api key=VALUE" in refused.json()["detail"]["problems"][0]
+    set_secret(secrets_dir, "api", {"key": "value-of-the-secret"})
+    assert apply(client, documents).status_code == 200
+    exported = client.get("/api/v1/services/rayservice-sample/export", headers=AUTH).json()["manifest"]
+    assert "secretKeyRef" in exported and "value-of-the-secret" not in exported
+
+
+def test_client_sends_a_kuberay_file_as_documents_with_its_folder() -> None:
+    body = _apply_body(str(SAMPLES / "ray-service.high-availability.yaml"))
+    assert body["baseDir"] == str(SAMPLES) and len(body["documents"]) == 7
+
+
+def test_secret_files(secrets_dir: Path) -> None:
+    set_secret(secrets_dir, "db", parse_pairs(["user=me", "password=a=b"]))
+    path = secrets_dir / "db.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(secrets_dir.stat().st_mode) == 0o700
+    assert read_secrets(secrets_dir) == {"db": {"user": "me", "password": "a=b"}}
+    assert list_secrets(secrets_dir) == {"db": ["password", "user"]}
+    assert delete_secret(secrets_dir, "db") and not delete_secret(secrets_dir, "db")
+    with pytest.raises(SecretError):
+        parse_pairs(["novalue"])
+    with pytest.raises(SecretError):
+        set_secret(secrets_dir, "../evil", {})
