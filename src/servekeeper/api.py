@@ -33,6 +33,7 @@ from servekeeper.package import PackageError, package_for_spec, prune_packages
 from servekeeper.secrets import read_secrets
 from servekeeper.spec import ServiceSpec, SpecError, parse_spec
 from servekeeper.store import Store
+from servekeeper.ui.web import Dashboard, ViewSource, dashboard_router
 
 IMPORT_FACT = "import:{name}"  # how a service's spec was imported (KubeRay notes, secret refs)
 
@@ -58,6 +59,7 @@ def build_app(
     request_shutdown: Callable[[bool], Awaitable[None]],
     packages_dir: Path | None = None,
     secrets_dir: Path | None = None,
+    dashboard: Dashboard | None = None,
 ) -> FastAPI:
     """`packages_dir`: where code packages go (the daemon's state dir); without it, a local
     workingDir is handed to Ray as a live `local://` path (unit tests of the API only).
@@ -73,8 +75,10 @@ def build_app(
     @app.middleware("http")
     async def authorized(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         # Before routing and body validation: a caller without the token learns nothing and
-        # changes nothing. Only the OpenAPI document (public knowledge) is open.
-        if request.url.path != "/openapi.json":
+        # changes nothing. Only the OpenAPI document (public knowledge) is open. The dashboard
+        # (/ui) takes no token: its own router requires its session cookie (ui/auth.py).
+        path = request.url.path
+        if path != "/openapi.json" and not (dashboard is not None and (path == "/ui" or path.startswith("/ui/"))):
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401)
@@ -198,6 +202,18 @@ def build_app(
     async def shutdown(body: ShutdownRequest) -> dict[str, Any]:
         await request_shutdown(body.stopClusters)
         return {"ok": True}
+
+    if dashboard is not None:
+
+        def view_or_none(name: str) -> dict[str, Any] | None:
+            return view(name) if store.get_service(name) is not None else None
+
+        source = ViewSource(
+            services=lambda: [view(service.name) for service in store.list_services()],
+            service=view_or_none,
+            events=lambda name, limit: [event_view(e) for e in store.list_events(name, limit)],
+        )
+        app.include_router(dashboard_router(dashboard, source))
 
     return app
 

@@ -140,12 +140,68 @@ def _api_answers(directory: Path) -> bool:
 def apply(
     file: Annotated[Path, typer.Option("-f", "--file", help="The service spec (YAML).")],
     state_dir: StateDir = None,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Show the rollout live until it ends; exit codes as `wait`.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="With --watch: seconds to watch.")] = 900,
 ) -> None:
     """Create or update a service from a spec file."""
+    applied_at = time.time()
     with _shown_errors():  # the file is checked before the daemon is looked for
         result = _client(state_dir).apply(file)
     verb = "configured" if result["changed"] else "unchanged"
     console.print(f"service/{result['name']} {verb} (generation {result['generation']})")
+    if watch:
+        _watch(result["name"], state_dir, follow=True, timeout=timeout, events_from=applied_at - 1)
+
+
+rollout = typer.Typer(no_args_is_help=True, help="Follow rollouts.")
+app.add_typer(rollout, name="rollout")
+
+
+@rollout.command("status")
+def rollout_status(
+    name: str,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Update in place until the rollout ends.")] = False,
+    timeout: Annotated[float, typer.Option(help="With --watch: seconds to watch.")] = 900,
+    state_dir: StateDir = None,
+) -> None:
+    """The rollout's phase, traffic split and latest events. Exit codes as `wait`: 0 rolled out,
+    1 failed, 2 timed out (without --watch: 2 while it still goes on)."""
+    _watch(name, state_dir, follow=watch, timeout=timeout, events_from=0.0)
+
+
+def _watch(name: str, state_dir: Path | None, *, follow: bool, timeout: float, events_from: float) -> None:
+    from servekeeper.ui.live import watch_rollout
+
+    with _shown_errors():
+        client = _client(state_dir)
+        code = watch_rollout(
+            lambda: client.get(name),
+            lambda: client.events(name, limit=50),
+            console,
+            follow=follow,
+            timeout=timeout,
+            events_from=events_from,
+        )
+    raise typer.Exit(code)
+
+
+@app.command()
+def dashboard(
+    state_dir: StateDir = None,
+    open_browser: Annotated[bool, typer.Option("--open", help="Open the URL in a browser.")] = False,
+) -> None:
+    """Print a URL that logs a browser in to the web dashboard (a one-time code, valid 60 s,
+    exchanged for a session cookie; the API token never leaves this machine's state dir)."""
+    with _shown_errors():
+        client = _client(state_dir)
+        url = client.dashboard_login_url()
+    console.print(url, markup=False, highlight=False, soft_wrap=True)
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(url)
 
 
 @app.command()

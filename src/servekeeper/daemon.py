@@ -37,6 +37,7 @@ from servekeeper.ports import PortAllocator
 from servekeeper.providers.local import LocalProvider
 from servekeeper.status import SwitchGate
 from servekeeper.store import Store
+from servekeeper.ui.web import Dashboard
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,8 @@ async def run_daemon(
         )
         stop = asyncio.Event()
         supervisor = asyncio.create_task(dataplane.supervise(stop), name="dataplane-supervisor")
+        dashboard = Dashboard()  # /ui: its logins, and the ingress stats its charts draw
+        sampler = asyncio.create_task(dashboard.history.run(dataplane.backend_stats, stop), name="stats-history")
         stop_everything = False
 
         async def request_shutdown(stop_clusters: bool) -> None:
@@ -118,7 +121,9 @@ async def run_daemon(
             server.should_exit = True
 
         port = api_port or PortAllocator().one()
-        app = build_app(controller, store, token, request_shutdown, packages_dir=state_dir / "packages")
+        app = build_app(
+            controller, store, token, request_shutdown, packages_dir=state_dir / "packages", dashboard=dashboard
+        )
         add_metrics_route(app, metrics)  # behind the token, like every call of the API
         server = uvicorn.Server(
             uvicorn.Config(app, host=api_host, port=port, log_level="warning", lifespan="off", access_log=False)
@@ -131,6 +136,7 @@ async def run_daemon(
             stop.set()
             await loop_task
             await supervisor
+            await sampler
             await dataplane.close()
             raise DaemonError(f"the API could not listen on {api_host}:{port}")
         metrics_server = None
@@ -150,6 +156,7 @@ async def run_daemon(
                 metrics_server.should_exit = True
             await loop_task
             await supervisor
+            await sampler
             await controller.shutdown(stop_clusters=stop_everything)
             if stop_everything:
                 await stop_data_plane(dataplane)

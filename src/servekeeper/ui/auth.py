@@ -1,0 +1,62 @@
+"""Dashboard login: one-time login codes exchanged for short-lived session cookies.
+
+`servekeeper dashboard` asks the API (bearer token) for a login code and prints a URL with it.
+The browser's first request spends the code (once, within `CODE_SECONDS`) and gets an
+`HttpOnly`, `SameSite=Strict` session cookie instead, then a redirect to `/ui`: the URL left
+in the browser's history holds a spent code, never the API token. Sessions live in the daemon's
+memory only; a daemon restart logs every browser out, which is the safe direction.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+from collections.abc import Callable
+
+CODE_SECONDS = 60.0
+SESSION_SECONDS = 3600.0
+SESSION_COOKIE = "servekeeper_session"
+
+
+class DashboardAuth:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        code_seconds: float = CODE_SECONDS,
+        session_seconds: float = SESSION_SECONDS,
+    ) -> None:
+        self._clock = clock
+        self.code_seconds = code_seconds
+        self.session_seconds = session_seconds
+        self._codes: dict[str, float] = {}  # code -> expiry
+        self._sessions: dict[str, float] = {}  # session id -> expiry
+
+    def _expire(self) -> None:
+        now = self._clock()
+        for table in (self._codes, self._sessions):
+            for key in [key for key, expiry in table.items() if expiry <= now]:
+                del table[key]
+
+    def new_code(self) -> str:
+        self._expire()
+        code = secrets.token_urlsafe(24)
+        self._codes[code] = self._clock() + self.code_seconds
+        return code
+
+    def exchange(self, code: str) -> str | None:
+        """A new session for a valid, unspent code; None otherwise. The code is spent either way."""
+        self._expire()
+        match = next((known for known in self._codes if hmac.compare_digest(known, code)), None)
+        if match is None:
+            return None
+        del self._codes[match]
+        session = secrets.token_urlsafe(32)
+        self._sessions[session] = self._clock() + self.session_seconds
+        return session
+
+    def valid(self, session: str | None) -> bool:
+        if not session:
+            return False
+        self._expire()
+        return any(hmac.compare_digest(known, session) for known in self._sessions)
