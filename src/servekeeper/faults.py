@@ -64,7 +64,9 @@ class InjectedFaults(Hooks):
             self._kill()
 
     def reached(self, point: str, cluster: ClusterRecord | None = None, service_generation: int = 0) -> None:
-        if max(service_generation, cluster.generation if cluster else 0) >= 2:
+        # The old cluster's deletion concerns generation 1 by nature; every other point must
+        # belong to a later generation (a rollout, not the service's first start).
+        if point == "deleting-old" or max(service_generation, cluster.generation if cluster else 0) >= 2:
             self._crash(point)
 
     async def before_config_put(self, cluster: ClusterRecord, service_generation: int = 0) -> None:
