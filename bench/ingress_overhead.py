@@ -1,6 +1,10 @@
 """Ingress overhead: the same closed-loop load straight to a cluster's Serve proxy and through
-the ingress, alternating A/B/A/B in one run; plus a trivial upstream that shows the proxy's own
-ceiling.
+the ingress (the Envoy data plane), alternating A/B/A/B in one run; plus a trivial upstream that
+shows the proxy's own ceiling.
+
+The Ray case goes through the Envoy processes the daemon itself started for the service (the
+product's path: `servekeeper up`, `apply`, the service's port); the trivial case starts a
+DataPlane of its own, as the daemon does (2 processes), routed to a minimal aiohttp server.
 
     .venv/bin/python -m bench.ingress_overhead [--seconds 10] [--clients 16] [--rounds 2]
 """
@@ -19,21 +23,13 @@ from typing import Any
 
 import httpx
 
+from bench.ingress_cpu import TRIVIAL_SERVER
 from bench.loadgen import LoopResult, closed_loop, exit_cleanly_on_sigterm
+from servekeeper.dataplane import Backend, DataPlane, Endpoint, ServiceRoute
 from servekeeper.ports import PortAllocator
-from servekeeper.testing import Servekeeper, free_port, hello_spec
+from servekeeper.testing import Servekeeper, free_port, hello_spec, wait_until
 
 RESULTS = Path(__file__).parent / "results"
-
-TRIVIAL_SERVER = """
-import sys
-from aiohttp import web
-async def ok(request):
-    return web.Response(text="ok")
-app = web.Application()
-app.router.add_get("/", ok)
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
-"""
 
 
 def ab(results: list[LoopResult], direct: str, proxied: str) -> dict[str, Any]:
@@ -75,50 +71,39 @@ def ray_proxy_case(args: argparse.Namespace) -> dict[str, Any]:
     return {"phases": [r.to_json() for r in results], **ab(results, "direct", "ingress")}
 
 
-def trivial_case(args: argparse.Namespace) -> dict[str, Any]:
-    state = Path(tempfile.mkdtemp(prefix="skbench-"))
-    (state / "token").write_text("bench")
-    upstream_port, control_port, ingress_port = (PortAllocator().one() for _ in range(3))
-    upstream = subprocess.Popen([sys.executable, "-c", TRIVIAL_SERVER, str(upstream_port)])
-    ingress = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "servekeeper.ingress.server",
-            "--state-dir",
-            str(state),
-            "--control-port",
-            str(control_port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def answers(url: str) -> bool:
     try:
-        headers = {"Authorization": "Bearer bench"}
-        for _ in range(100):
-            try:
-                httpx.put(
-                    f"http://127.0.0.1:{control_port}/routes/bench",
-                    headers=headers,
-                    json={"port": ingress_port, "active": "u", "upstreams": {"u": f"http://127.0.0.1:{upstream_port}"}},
-                )
-                httpx.get(f"http://127.0.0.1:{upstream_port}/")
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        results = asyncio.run(
-            alternate(
-                f"http://127.0.0.1:{upstream_port}/",
-                f"http://127.0.0.1:{ingress_port}/",
-                args.clients,
-                args.seconds,
-                args.rounds,
-            )
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+async def through_envoy(upstream_port: int, ingress_port: int, args: argparse.Namespace) -> list[LoopResult]:
+    plane = DataPlane(Path(tempfile.mkdtemp(prefix="skbench-")), log_level="warning")
+    try:
+        await plane.start_or_adopt()
+        backend = Backend("trivial", (Endpoint("127.0.0.1", upstream_port),))
+        await plane.set_route(ServiceRoute("bench", ingress_port, (backend,), {"trivial": 100}))
+        ingress_url = f"http://127.0.0.1:{ingress_port}/"
+        # Envoy takes the upstream once its first health check passed.
+        await asyncio.to_thread(wait_until, lambda: answers(ingress_url), 15, "Envoy to route to the upstream")
+        return await alternate(
+            f"http://127.0.0.1:{upstream_port}/", ingress_url, args.clients, args.seconds, args.rounds
         )
     finally:
-        for process in (upstream, ingress):
-            process.terminate()
-            process.wait(10)
+        await plane.stop()
+
+
+def trivial_case(args: argparse.Namespace) -> dict[str, Any]:
+    ports = PortAllocator()
+    upstream_port, ingress_port = ports.one(), ports.one()
+    upstream = subprocess.Popen([sys.executable, "-c", TRIVIAL_SERVER, str(upstream_port)])
+    try:
+        wait_until(lambda: answers(f"http://127.0.0.1:{upstream_port}/"), 15, "the trivial upstream")
+        results = asyncio.run(through_envoy(upstream_port, ingress_port, args))
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
     return {"phases": [r.to_json() for r in results], **ab(results, "direct", "ingress")}
 
 
@@ -128,14 +113,16 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS / "ingress_overhead.json")
+    parser.add_argument("--trivial-only", action="store_true", help="only the trivial upstream (no Ray)")
     args = parser.parse_args()
     exit_cleanly_on_sigterm()
     report = {
         "benchmark": "ingress_overhead",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "ingress": "Envoy (servekeeper.dataplane), 2 processes",
         "clients": args.clients,
         "seconds_per_phase": args.seconds,
-        "ray_proxy": ray_proxy_case(args),
+        "ray_proxy": None if args.trivial_only else ray_proxy_case(args),
         "trivial_upstream": trivial_case(args),
         "note": "the load generator runs on the same 2 cores as the servers",
     }

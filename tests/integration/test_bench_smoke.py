@@ -40,7 +40,9 @@ def test_zero_downtime_smoke(tmp_path: Path) -> None:
         str(tmp_path),
     )
     report = json.loads((tmp_path / "zero_downtime-ready-1x.json").read_text())
-    assert report["requests"] > 0 and report["failures"] == 0
+    assert report["requests"] > 0 and report["failures"] == 0 and report["failures_by_kind"] == {}
+    # Exact totals from Locust's exit, split by method (the locustfile sends GETs and POSTs).
+    assert sum(method["requests"] for method in report["by_method"].values()) == report["requests"]
     assert (tmp_path / "zero_downtime-ready-1x.png").stat().st_size > 10_000
 
 
@@ -51,6 +53,14 @@ def test_ingress_overhead_smoke(tmp_path: Path) -> None:
     for case in ("ray_proxy", "trivial_upstream"):
         assert report[case]["direct_rps"] > 0 and report[case]["ingress_rps"] > 0
         assert report[case]["failures"] == 0
+
+
+def test_ingress_cpu_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "ingress_cpu.json"
+    run_bench("ingress_cpu", "--smoke", "--output", str(out), timeout=120)
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["envoy"]["failures"] == 0
+    assert summary["envoy"]["cpu_us_per_request"] > 0 and summary["trivial_aiohttp_upstream"]["cpu_us_per_request"] > 0
 
 
 def test_upgrade_latency_smoke(tmp_path: Path) -> None:
