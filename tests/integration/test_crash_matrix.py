@@ -34,7 +34,7 @@ class Service:
 
     def next_spec(self) -> dict[str, Any]:
         self.version += 1
-        return hello_spec(NAME, self.port, msg=f"v{self.version}", head_cpus=1 + self.version % 2, ready_delay_s=3)
+        return hello_spec(NAME, self.port, msg=f"v{self.version}", head_cpus=2 if self.version % 2 == 0 else 1, ready_delay_s=3)
 
 
 @pytest.fixture(scope="module")
