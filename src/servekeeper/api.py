@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from servekeeper.controller import Controller
 from servekeeper.core.placement import insufficient_capacity
+from servekeeper.core.serve_config import package_hash_of
 from servekeeper.core.views import event_view, service_view
 from servekeeper.kuberay.export import export_manifest, render_manifest
 from servekeeper.kuberay.notes import SecretRef
@@ -50,6 +51,17 @@ class ApplyRequest(BaseModel):
 
 class ShutdownRequest(BaseModel):
     stopClusters: bool = True
+
+
+def packages_in_use(store: Store) -> set[str]:
+    """Code packages a service wants or a cluster runs, or would get back after a failed change."""
+    keep = {s.package_hash for s in store.list_services()}
+    for cluster in store.list_clusters():
+        keep.add(cluster.package_hash)
+        for config_hash in (cluster.good_config_hash, cluster.applied_config_hash, cluster.submitted_config_hash):
+            document = store.submitted_document(cluster.name, config_hash) if config_hash else None
+            keep.add(package_hash_of(document) if document else None)
+    return {h for h in keep if h is not None}
 
 
 def build_app(
@@ -121,16 +133,8 @@ def build_app(
                 raise SpecError([kuberay_path(p) if imported else p for p in capacity_problems])
         except SpecError as exc:
             raise HTTPException(status_code=422, detail={"problems": exc.problems}) from exc
-        for other in store.list_services():
-            if other.name == spec.name or other.deleting:
-                continue
-            other_port = ServiceSpec.model_validate_json(other.spec_json).spec.ingress.port
-            if other_port == spec.spec.ingress.port:
-                raise HTTPException(
-                    status_code=422,
-                    detail={"problems": [f"spec.ingress.port: port {other_port} is used by service {other.name!r}"]},
-                )
-        async with packaging:
+        async with packaging:  # checked and stored under one lock: two applies cannot take one port
+            _check_ports_free(spec)
             result = await _store_spec(spec)
             store.set_fact(
                 IMPORT_FACT.format(name=spec.name),
@@ -143,6 +147,19 @@ def build_app(
                 else None,
             )
             return result
+
+    def _check_ports_free(spec: ServiceSpec) -> None:
+        wanted = {spec.spec.ingress.port, spec.spec.ingress.grpcPort} - {None}
+        for other in store.list_services():
+            if other.name == spec.name or other.deleting:
+                continue
+            ingress = ServiceSpec.model_validate_json(other.spec_json).spec.ingress
+            taken = sorted(p for p in wanted & {ingress.port, ingress.grpcPort} if p is not None)
+            if taken:
+                raise HTTPException(
+                    status_code=422,
+                    detail={"problems": [f"spec.ingress.port: port {taken[0]} is used by service {other.name!r}"]},
+                )
 
     async def _store_spec(spec: ServiceSpec) -> dict[str, Any]:
         package_hash = None
@@ -161,8 +178,7 @@ def build_app(
             if changed:
                 record_applied(store, service.name, service.generation, now)
         if packages_dir is not None and changed:
-            keep = {s.package_hash for s in store.list_services()} | {c.package_hash for c in store.list_clusters()}
-            await asyncio.to_thread(prune_packages, packages_dir, {h for h in keep if h is not None})
+            await asyncio.to_thread(prune_packages, packages_dir, packages_in_use(store))
         controller.wake(spec.name)
         return {"name": service.name, "generation": service.generation, "changed": changed}
 

@@ -21,7 +21,7 @@ import aiohttp
 
 from servekeeper.core import actions as act
 from servekeeper.core.planner import plan
-from servekeeper.core.serve_config import build_serve_config, config_deployed, desired_config_hash
+from servekeeper.core.serve_config import build_serve_config, config_deployed, desired_config_hash, package_hash_of
 from servekeeper.dataplane import Backend, DataPlaneError, Endpoint, RouteObservation, ServiceRoute
 from servekeeper.faults import Hooks
 from servekeeper.metrics import ControllerMetrics
@@ -50,6 +50,7 @@ PENDING_TICK_SECONDS = 0.25  # a cluster is coming up: each poll saved is latenc
 FAST_TICK_SECONDS = 0.5  # something else is changing (draining, deleting, not ready)
 STEADY_TICK_SECONDS = 2.0  # the reference polls every 2 s, always
 SERVICE_SCAN_SECONDS = 1.0
+MAX_PUTS_PER_CONFIG = 5  # PUTs of one config to one cluster that Ray acknowledged but never showed
 
 
 class DataPlanePort(Protocol):
@@ -102,6 +103,7 @@ class Controller:
         self._wakeups: dict[str, asyncio.Event] = {}
         self._background: dict[str, asyncio.Task[None]] = {}  # cluster name -> its start or stop task
         self._documents: dict[tuple[str, str], dict[str, Any]] = {}  # (cluster, config hash) -> what was PUT
+        self._unacknowledged_routes: set[str] = set()  # services whose last route push failed
         self._stopping = False
 
     # -- the loop ------------------------------------------------------------------------
@@ -152,6 +154,13 @@ class Controller:
         observation = await self.observe(service, clusters, spec)
         self.observations[name] = observation
         decision = plan(spec, service, clusters, observation, self.clock(), self.gate)
+        failed = decision.service.failed_generation != service.failed_generation
+        if failed:
+            # A rollout failure is a decision, not a reading: stored before the actions that
+            # follow from it (a restore PUT), so a crash after them cannot re-send the failed config.
+            self._persist_status(
+                service, service.with_changes(**_failure_fields(decision.service)), only_failure=True
+            )
         tick = _Tick()
         completed = False
         try:
@@ -164,8 +173,9 @@ class Controller:
             # The plan's status and events describe the world after ALL its actions: when one
             # failed, neither is true, so only what this tick learned is kept (the next tick
             # re-plans from the store and says it again once it is so).
-            after = decision.service if completed else service
-            tick.events[:0] = decision.events if completed else []
+            after = decision.service if completed else service.with_changes(**_failure_fields(decision.service))
+            failure_events = [e for e in decision.events if failed and e.reason == "RolloutFailed"]
+            tick.events[:0] = decision.events if completed else failure_events
             if tick.rejected is not None and after.failed_generation != service.generation:
                 after = after.with_changes(failed_generation=service.generation, failure_reason=tick.rejected)
             self._persist_status(service, after)
@@ -187,10 +197,19 @@ class Controller:
         busy = decision.actions or any(c.role != ClusterRole.ACTIVE for c in clusters)
         return FAST_TICK_SECONDS if busy or not _is_ready(decision.service) else STEADY_TICK_SECONDS
 
-    def _persist_status(self, before: ServiceRecord, after: ServiceRecord) -> None:
+    def _persist_status(self, before: ServiceRecord, after: ServiceRecord, only_failure: bool = False) -> None:
         # The API may have stored a new spec or marked the service deleted while this tick ran:
         # the store writes the controller-owned fields only if neither happened (one atomic
         # compare-and-set), and the next tick acts on the newer state.
+        if only_failure:
+            self.store.persist_status(
+                before.name,
+                expected_generation=before.generation,
+                expected_deleting=before.deleting,
+                failed_generation=after.failed_generation,
+                failure_reason=after.failure_reason,
+            )
+            return
         self.store.persist_status(
             before.name,
             expected_generation=before.generation,
@@ -212,8 +231,14 @@ class Controller:
         try:
             observed_route = (await self.dataplane.routes()).get(service.name)
             route = observed_route.to_ingress() if observed_route is not None else None
-            if route is not None and _listener_settings_changed(self.dataplane.desired_route(service.name), spec):
-                route = None  # the spec moved or re-limited the listener: the route is set again
+            if route is not None and (
+                not observed_route.in_sync  # type: ignore[union-attr]
+                or service.name in self._unacknowledged_routes
+                or _listener_settings_changed(self.dataplane.desired_route(service.name), spec)
+            ):
+                # Envoy processes disagree, the last push was not acknowledged, or the spec moved
+                # or re-limited the listener: the route is set again (to every process).
+                route = None
         except DataPlaneError as exc:
             ingress_ok = False  # every backend counts as busy: nothing is deleted on this look
             logger.warning("[%s] data plane not readable: %s", service.name, exc)
@@ -284,10 +309,11 @@ class Controller:
         return self._documents[key]
 
     def _package(self, service: ServiceRecord) -> Package | None:
-        if service.package_hash is None:
-            return None
-        path = self.packages_dir / f"{service.package_hash}.zip"
-        return Package(hash=service.package_hash, path=path, size=path.stat().st_size if path.exists() else 0)
+        return self._package_by_hash(service.package_hash) if service.package_hash is not None else None
+
+    def _package_by_hash(self, package_hash: str) -> Package:
+        path = self.packages_dir / f"{package_hash}.zip"
+        return Package(hash=package_hash, path=path, size=path.stat().st_size if path.exists() else 0)
 
     def _package_uri(self, service: ServiceRecord) -> str | None:
         package = self._package(service)
@@ -305,7 +331,13 @@ class Controller:
         elif isinstance(action, act.SubmitConfig):
             await self._submit_config(action, service, spec, tick)
         elif isinstance(action, act.UpdateCluster):
-            self.store.update_cluster(action.cluster, **action.changes)
+            changes = dict(action.changes)
+            applied = changes.get("applied_config_hash")
+            if applied is not None:
+                document = self._submitted_document(action.cluster, applied)
+                if document is not None:
+                    changes["package_hash"] = package_hash_of(document)  # the code Ray runs now
+            self.store.update_cluster(action.cluster, **changes)
         elif isinstance(action, act.SetRoute):
             await self._set_route(service, spec, action, tick)
         elif isinstance(action, act.RemoveRoute):
@@ -317,7 +349,8 @@ class Controller:
         elif isinstance(action, act.DeleteCluster):
             self._delete_cluster(action.cluster, service.name)
         elif isinstance(action, act.ForgetService):
-            self.store.delete_service_row(service.name)
+            # Only the row this tick saw being deleted: an apply stored meanwhile survives.
+            self.store.delete_service_row(service.name, expected_generation=service.generation)
 
     def _create_cluster(self, service: ServiceRecord, spec: ServiceSpec, role: ClusterRole) -> None:
         config = spec.spec.rayClusterConfig
@@ -433,26 +466,46 @@ class Controller:
     async def _document_for(
         self, action: act.SubmitConfig, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec, tick: _Tick
     ) -> dict[str, Any]:
+        if self.store.count_submissions(cluster.name, action.config_hash) >= MAX_PUTS_PER_CONFIG:
+            # Ray keeps acknowledging the PUT but never reports the config as sent: something
+            # rewrites it. Failing the rollout beats re-sending it forever.
+            reason = (
+                f"ConfigNotObserved: Ray acknowledged config {action.config_hash} {MAX_PUTS_PER_CONFIG} times "
+                f"on {cluster.name} but never reports it deployed as sent"
+            )
+            self._rejected(cluster, service, reason, tick)
+            raise _StopTick
         if action.restore:
             document = self._submitted_document(cluster.name, action.config_hash)
             if document is None:
+                # Not restorable (a store from before documents were kept): forget it, so that
+                # the cluster is judged by its health again instead of retrying this every tick.
+                self.store.update_cluster(cluster.name, good_config_hash=None)
                 message = f"the last good config {action.config_hash} of {cluster.name} is not stored"
                 tick.events.append(Event(service.name, self.clock(), "Warning", "RestoreImpossible", message))
                 raise _StopTick
+            restored = package_hash_of(document)
+            if restored is not None:  # Ray may have let go of the old package: upload it again
+                await self._ensure_package(cluster, service, self._package_by_hash(restored), tick)
             return document
         package = self._package(service)
         if package is not None:
-            try:
-                if await self.serve.ensure_package(cluster.dashboard_url, package):
-                    logger.info("[%s/%s] code package %s uploaded", service.name, cluster.name, package.hash[:12])
-            except RetryableServeError as exc:
-                logger.info("[%s/%s] package upload will be retried: %s", service.name, cluster.name, exc)
-                raise _StopTick from exc
-            except (PermanentServeError, OSError) as exc:
-                self._rejected(cluster, service, f"PackageUploadFailed: {exc}", tick)
-                raise _StopTick from exc
-            self.store.update_cluster(cluster.name, package_hash=package.hash)
+            await self._ensure_package(cluster, service, package, tick)
         return build_serve_config(spec, cluster, package.uri if package else None)
+
+    async def _ensure_package(
+        self, cluster: ClusterRecord, service: ServiceRecord, package: Package, tick: _Tick
+    ) -> None:
+        try:
+            if await self.serve.ensure_package(cluster.dashboard_url, package):
+                logger.info("[%s/%s] code package %s uploaded", service.name, cluster.name, package.hash[:12])
+        except (RetryableServeError, FileNotFoundError) as exc:
+            # FileNotFoundError: a newer apply pruned the package this (stale) tick wanted.
+            logger.info("[%s/%s] package upload will be retried: %s", service.name, cluster.name, exc)
+            raise _StopTick from exc
+        except (PermanentServeError, OSError) as exc:
+            self._rejected(cluster, service, f"PackageUploadFailed: {exc}", tick)
+            raise _StopTick from exc
 
     def _rejected(self, cluster: ClusterRecord, service: ServiceRecord, reason: str, tick: _Tick) -> None:
         """Ray refused the change: a pending cluster fails its rollout; on the active cluster the
@@ -465,7 +518,9 @@ class Controller:
 
     async def _set_route(self, service: ServiceRecord, spec: ServiceSpec, action: act.SetRoute, tick: _Tick) -> None:
         try:
+            self._unacknowledged_routes.add(service.name)
             await self.dataplane.set_route(self._service_route(service, spec, action))
+            self._unacknowledged_routes.discard(service.name)
         except DataPlaneError as exc:
             # Nothing after the switch may run: roles change only once the ingress acknowledged.
             tick.events.append(Event(service.name, self.clock(), "Warning", "RouteFailed", str(exc)))
@@ -547,8 +602,11 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             clusters = self.store.list_clusters()
-            await asyncio.gather(*(self.provider.stop(c) for c in clusters))
-            for cluster in clusters:
+            leftovers = await asyncio.gather(*(self.provider.stop(c) for c in clusters))
+            for cluster, left in zip(clusters, leftovers, strict=True):
+                if left:  # kept on record, so that the next `down` or `up` stops them again
+                    logger.warning("[%s/%s] pids %s survived the stop", cluster.service, cluster.name, left)
+                    continue
                 self.store.remove_cluster(cluster.name)
         else:
             await asyncio.gather(*background, return_exceptions=True)
@@ -562,6 +620,10 @@ class Controller:
 
 class _StopTick(Exception):
     """The rest of this tick's actions must not run (their precondition failed)."""
+
+
+def _failure_fields(service: ServiceRecord) -> dict[str, Any]:
+    return {"failed_generation": service.failed_generation, "failure_reason": service.failure_reason}
 
 
 def _listener_settings_changed(route: ServiceRoute | None, spec: ServiceSpec) -> bool:

@@ -76,6 +76,7 @@ async def stop_data_plane(dataplane: DataPlane) -> None:
         for service in await dataplane.routes():
             await dataplane.remove_route(service)
     await dataplane.stop()
+    dataplane.forget_routes()  # even if a process could not be read above
 
 
 async def run_daemon(

@@ -292,9 +292,18 @@ class Store:
             tx.update_status(updated)
         return True
 
-    def delete_service_row(self, name: str) -> None:
+    def delete_service_row(self, name: str, expected_generation: int | None = None) -> bool:
+        """Forget a deleted service. With `expected_generation`, only if the row is still that
+        generation and marked deleting: an apply stored meanwhile is never lost."""
         with self.transaction() as tx:
-            tx.execute("DELETE FROM services WHERE name = ?", (name,))
+            if expected_generation is None:
+                tx.execute("DELETE FROM services WHERE name = ?", (name,))
+            else:
+                tx.execute(
+                    "DELETE FROM services WHERE name = ? AND generation = ? AND deleting = 1",
+                    (name, expected_generation),
+                )
+            return tx.changes() > 0
 
     # -- clusters ------------------------------------------------------------------------
 
@@ -360,6 +369,12 @@ class Store:
                 (cluster, config_hash, now, document_json),
             )
 
+    def count_submissions(self, cluster: str, config_hash: str) -> int:
+        rows = self._read(
+            "SELECT COUNT(*) FROM submissions WHERE cluster = ? AND config_hash = ?", (cluster, config_hash)
+        )
+        return int(rows[0][0])
+
     def submitted_document(self, cluster: str, config_hash: str) -> dict[str, Any] | None:
         """The Serve config document last PUT to `cluster` under `config_hash`, if any."""
         rows = self._read(
@@ -394,6 +409,10 @@ class _Tx:
 
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> None:
         self._db.execute(sql, params)
+
+    def changes(self) -> int:
+        """Rows changed by the last statement."""
+        return int(self._db.execute("SELECT changes()").fetchone()[0])
 
     def executescript_in_tx(self, script: str) -> None:
         # executescript() would COMMIT first; run the statements one by one instead.

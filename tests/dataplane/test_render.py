@@ -91,7 +91,7 @@ def test_cluster_shape() -> None:
     assert cluster["common_lb_config"]["healthy_panic_threshold"] == {"value": 0}
     (check,) = cluster["health_checks"]
     assert check["http_health_check"]["path"] == "/-/healthz"
-    assert (check["interval"], check["unhealthy_threshold"], check["healthy_threshold"]) == ("1s", 2, 1)
+    assert (check["interval"], check["unhealthy_threshold"], check["healthy_threshold"]) == ("1s", 3, 1)
     named = Backend("n", (Endpoint("node-1.internal", 9001),))
     dns = render_clusters([ServiceRoute("s", 1, (named,), {"n": 1})])["http-n"]
     assert dns["type"] == "STRICT_DNS"

@@ -35,7 +35,13 @@ async def test_retry_on_refused_connection_then_fast_503(make_plane: PlaneFactor
         assert retried.rq_2xx >= 30
 
         await a2.stop()
-        await asyncio.sleep(2.5)  # two failed health checks: both endpoints ejected
+        # Three failed health checks (a refused connect fails one at once) eject both endpoints.
+        deadline = time.perf_counter() + 8
+        while time.perf_counter() < deadline:
+            probe = await client.get("/")
+            if probe.status_code == 503 and "no healthy upstream" in probe.text:
+                break
+            await asyncio.sleep(0.25)
         started = time.perf_counter()
         answer = await client.get("/")
         assert answer.status_code == 503 and time.perf_counter() - started < 1

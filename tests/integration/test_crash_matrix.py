@@ -34,7 +34,8 @@ class Service:
 
     def next_spec(self) -> dict[str, Any]:
         self.version += 1
-        return hello_spec(NAME, self.port, msg=f"v{self.version}", head_cpus=2 if self.version % 2 == 0 else 1, ready_delay_s=3)
+        head_cpus = 2 if self.version % 2 == 0 else 1  # a new shape each time: a new cluster
+        return hello_spec(NAME, self.port, msg=f"v{self.version}", head_cpus=head_cpus, ready_delay_s=3)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from servekeeper.core.health import parse_applications
@@ -201,6 +201,7 @@ class FakeDataPlane:
         self.removed: list[str] = []
         self.inflight: dict[str, int] = {}  # backend -> requests in flight
         self.errors: dict[str, Exception] = {}
+        self.on_routes: Callable[[], Awaitable[Any]] | None = None  # called first (to change the world mid-tick)
 
     def fail(self, method: str, error: Exception | None = None) -> None:
         self.errors[method] = error or DataPlaneError(f"data plane {method} failed: envoy not answering")
@@ -213,6 +214,8 @@ class FakeDataPlane:
             raise self.errors[method]
 
     async def routes(self) -> dict[str, RouteObservation]:
+        if self.on_routes is not None:
+            await self.on_routes()
         self._check("routes")
         return {
             service: RouteObservation(

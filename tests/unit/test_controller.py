@@ -743,3 +743,91 @@ async def test_a_data_plane_error_in_observe_is_not_a_failed_tick(world: World) 
     world.apply(make_spec())
     world.dataplane.fail("routes", DataPlaneError("envoy admin: connection refused"))
     assert await world.tick() == PENDING_TICK_SECONDS
+
+
+# -- found in review: removals, a delete raced by an apply, a restore that cannot run ----------
+
+
+async def test_an_in_place_change_that_removes_an_argument_is_sent_and_observed(world: World) -> None:
+    """A subset check of Ray's answer would call the old config (which has the key) deployed."""
+    extra = make_spec(serveConfig={"applications": [_app(msg="v1", debug=True)]})
+    active = await world.roll_out(extra)
+    world.apply(make_spec())  # the same app without `debug`
+    await world.tick()
+    assert world.serve.puts[-1][1]["applications"][0]["args"] == {"msg": "v1"}
+    world.serve.set_status("RUNNING")
+    world.clock.advance(1)
+    await world.tick()
+    assert world.service().observed_generation == 2
+    assert world.cluster(active.name).applied_config_hash != active.applied_config_hash
+
+
+async def test_an_in_place_change_that_removes_an_app_waits_until_ray_deleted_it(world: World) -> None:
+    two = make_spec(serveConfig={"applications": [_app(msg="v1"), _app(name="b", route_prefix="/b")]})
+    await world.roll_out(two)
+    world.apply(make_spec())
+    # Ray still runs app "b" (the PUT is acknowledged but not applied yet): not rolled out.
+    world.serve.defer = True
+    await world.tick()
+    world.clock.advance(1)
+    await world.tick()
+    assert world.service().observed_generation == 1
+    world.serve.deploy_deferred("RUNNING")
+    world.clock.advance(1)
+    await world.tick()
+    assert world.service().observed_generation == 2
+
+
+async def test_an_apply_stored_while_the_service_is_being_forgotten_survives(world: World) -> None:
+    await world.roll_out()
+    world.store.mark_deleting(NAME)
+    while world.clusters():
+        world.clock.advance(1)
+        await world.tick()
+        await world.background_settled()
+    assert world.store.get_service(NAME) is not None, "the next tick forgets it"
+
+    async def api_applies() -> dict[str, Any]:
+        world.dataplane.on_routes = None
+        world.apply(make_spec(msg="v9"))  # the API stores a new spec mid-tick
+        return {}
+
+    world.dataplane.on_routes = api_applies
+    world.clock.advance(1)
+    await world.tick()
+    service = world.store.get_service(NAME)
+    assert service is not None and not service.deleting, "the apply was lost with the deleted row"
+
+
+async def test_a_failed_in_place_change_is_stored_even_when_its_restore_cannot_run(world: World) -> None:
+    active = await world.roll_out()
+    with world.store.transaction() as tx:  # a store from before documents were kept
+        tx.execute("UPDATE submissions SET document_json = NULL")
+    world.controller._documents.clear()
+    world.apply(make_spec(msg="broken"))
+    await world.tick()
+    world.serve.set_status("DEPLOY_FAILED", "constructor raised")
+    for _ in range(3):
+        world.clock.advance(1)
+        await world.tick()
+    service = world.service()
+    assert service.failed_generation == 2 and service.observed_generation == 2
+    assert world.reasons().count("RestoreImpossible") == 1, "tried once, not every tick"
+    assert world.clusters() == [world.cluster(active.name)]
+
+
+async def test_the_failure_is_stored_before_the_restore_put(world: World) -> None:
+    """A crash right after the restore PUT must not make the next controller re-send the broken config."""
+    await world.roll_out()
+    world.apply(make_spec(msg="broken"))
+    await world.tick()
+    world.serve.set_status("DEPLOY_FAILED", "constructor raised")
+    seen: list[int | None] = []
+    world.serve.on_put = lambda url, document: seen.append(world.service().failed_generation)
+    world.clock.advance(1)
+    await world.tick()
+    assert seen == [2], "the restore PUT went out before the failure was stored"
+
+
+def _app(name: str = "hello", route_prefix: str = "/", **args: Any) -> dict[str, Any]:
+    return {"name": name, "route_prefix": route_prefix, "import_path": "hello:app", "args": args}

@@ -322,3 +322,23 @@ def test_close_closes_the_connection_of_every_thread(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="closed"):
         store.list_services()
     store.close()  # twice is fine
+
+
+def test_forgetting_a_service_is_a_compare_and_set(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store.db")
+    store.apply_spec("svc", "{}", now=1.0)
+    store.mark_deleting("svc")
+    store.apply_spec("svc", '{"v": 2}', now=2.0)  # applied again before the controller forgot it
+    assert not store.delete_service_row("svc", expected_generation=1)
+    assert store.get_service("svc") is not None
+    store.mark_deleting("svc")
+    assert store.delete_service_row("svc", expected_generation=2)
+    assert store.get_service("svc") is None
+
+
+def test_submissions_are_counted_per_cluster_and_config(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store.db")
+    for cluster, config in [("c1", "h1"), ("c1", "h1"), ("c1", "h2"), ("c2", "h1")]:
+        store.record_submission(cluster, config, 1.0)
+    assert store.count_submissions("c1", "h1") == 2
+    assert store.count_submissions("c2", "h2") == 0

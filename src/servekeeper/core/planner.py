@@ -317,6 +317,10 @@ class _Planner:
         unhealthy_since = self.plan.service.unhealthy_since
         threshold = self.spec.spec.serviceUnhealthySecondThreshold
         if unhealthy_since is not None and self.now - unhealthy_since >= threshold:
+            if self._rollout_failed:
+                # The only spec to build a replacement from is the one whose rollout failed: a
+                # replacement would fail the same way, over and over. Apply a fixed spec.
+                return
             self._create(ClusterRole.PENDING, f"ActiveUnhealthy: {verdict.reason}: {verdict.message}")
             return
         if active.applied_config_hash != self.desired_config_hash and not self._rollout_failed:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from typing import Any
 
 from servekeeper.spec import ServiceSpec
-from servekeeper.status import AppSource, AppState, ClusterRecord
+from servekeeper.status import AppSource, AppState, AppStatus, ClusterRecord
 
 
 def desired_config_hash(spec: ServiceSpec, package_hash: str | None) -> str:
@@ -49,28 +50,56 @@ def build_serve_config(spec: ServiceSpec, cluster: ClusterRecord, package_uri: s
     return document
 
 
-def _contains(expected: Any, observed: Any) -> bool:
-    """Every value servekeeper sent is in what Ray reports (Ray may add defaults of its own)."""
+PACKAGE_URI = re.compile(r"^gcs://_ray_pkg_([0-9a-f]{64})\.zip$")
+
+
+def package_hash_of(document: dict[str, Any]) -> str | None:
+    """The servekeeper code package a submitted document runs, if any."""
+    for app in document.get("applications", []):
+        match = PACKAGE_URI.match(str((app.get("runtime_env") or {}).get("working_dir", "")))
+        if match:
+            return match.group(1)
+    return None
+
+
+# What Ray adds to an app's deployed_app_config on its own: a top-level logging_config is copied
+# into every app. Anything else in Ray's answer that servekeeper did not send means the answer
+# is of another config.
+RAY_ADDED_APP_KEYS = frozenset({"logging_config"})
+
+
+def _same(expected: Any, observed: Any) -> bool:
     if isinstance(expected, dict):
-        return isinstance(observed, dict) and all(
-            key in observed and _contains(value, observed[key]) for key, value in expected.items()
+        return isinstance(observed, dict) and set(expected) == set(observed) and all(
+            _same(value, observed[key]) for key, value in expected.items()
         )
     if isinstance(expected, list):
         return (
             isinstance(observed, list)
             and len(expected) == len(observed)
-            and all(_contains(e, o) for e, o in zip(expected, observed, strict=True))
+            and all(_same(e, o) for e, o in zip(expected, observed, strict=True))
         )
     return bool(expected == observed)
 
 
+def _same_app(expected: dict[str, Any], observed: dict[str, Any]) -> bool:
+    added = {key for key in observed if key not in expected and key in RAY_ADDED_APP_KEYS}
+    return _same(expected, {key: value for key, value in observed.items() if key not in added})
+
+
 def config_deployed(document: dict[str, Any], apps: dict[str, AppState]) -> bool:
-    """Does Ray run this document? Judged app by app from `deployed_app_config`, never by
-    names: on an active cluster the declared names always exist (they are the old apps)."""
-    for expected in document["applications"]:
-        observed = apps.get(expected.get("name", "default"))
+    """Does Ray run exactly this document? Judged app by app from `deployed_app_config`, both
+    ways (a key or an app removed is a change too), never by names: on an active cluster the
+    declared names always exist (they are the old apps)."""
+    sent = {app.get("name", "default"): app for app in document["applications"]}
+    for name, expected in sent.items():
+        observed = apps.get(name)
         if observed is None or observed.source == AppSource.IMPERATIVE or observed.deployed_config is None:
             return False
-        if not _contains(expected, observed.deployed_config):
+        if not _same_app(expected, observed.deployed_config):
             return False
-    return True
+    # A declarative app this document does not hold is one Ray has not deleted yet.
+    return not any(
+        app.source == AppSource.DECLARATIVE and name not in sent and app.status != AppStatus.DELETING
+        for name, app in apps.items()
+    )

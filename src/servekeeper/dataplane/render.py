@@ -93,11 +93,14 @@ def render_cluster(protocol: str, backend: Backend) -> Resource:
         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
         "health_checks": [
             {
-                "timeout": "1s",
+                # Generous on purpose: with no panic routing, ejecting a busy cluster's only proxy
+                # (a slow /-/healthz on two loaded cores) is an outage; a dead one is refused at
+                # connect and retried anyway.
+                "timeout": "3s",
                 "interval": "1s",
                 # Without this a cluster carrying no traffic (a draining one) is checked once a minute.
                 "no_traffic_interval": "1s",
-                "unhealthy_threshold": 2,
+                "unhealthy_threshold": 3,
                 "healthy_threshold": 1,
                 **health_check,
             }

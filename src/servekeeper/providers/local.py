@@ -270,15 +270,13 @@ class LocalProvider:
         return (errors or meaningful or ["empty log"])[-1][-400:]
 
     def leftover_pids(self, cluster: ClusterRecord) -> list[int]:
-        sessions = tuple(pid for pid in cluster.session_ids if _session_is_ours(pid, cluster.temp_dir))
+        sessions = _our_sessions(cluster)
         pids = {process.pid for process in session_members(sessions)}
         pids.update(process.pid for process in tagged_processes(cluster.log_dir))
         return sorted(pids)
 
     async def stop(self, cluster: ClusterRecord) -> list[int]:
-        sessions = await asyncio.to_thread(
-            lambda: tuple(pid for pid in cluster.session_ids if _session_is_ours(pid, cluster.temp_dir))
-        )
+        sessions = await asyncio.to_thread(_our_sessions, cluster)
         for session in sessions:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(session, signal.SIGTERM)
@@ -323,17 +321,24 @@ def _worker_log_names(cluster: ClusterRecord) -> list[str]:
     return [f"worker-{group.name}-{replica}.log" for group in config.workerGroups for replica in range(group.replicas)]
 
 
-def _session_is_ours(session_id: int, temp_dir: str) -> bool:
+def _our_sessions(cluster: ClusterRecord) -> tuple[int, ...]:
+    return tuple(pid for pid in cluster.session_ids if _session_is_ours(pid, cluster.temp_dir, cluster.log_dir))
+
+
+def _session_is_ours(session_id: int, temp_dir: str, log_dir: str) -> bool:
     """A recorded session id may have been reused by an unrelated session after a reboot.
 
     It is ours if its leader is still our `ray start`, or if any live member of the session
-    names our temp dir (the leader is gone but its children linger).
+    names our temp dir or carries our owner tag (the leader is gone but its children linger;
+    actor workers rename themselves, "ray::ServeReplica:...", hiding the temp dir, but keep the
+    environment, so another cluster's workers are never taken for ours).
     """
     if _is_our_node(session_id, temp_dir):
         return True
     for process in session_members((session_id,)):
         with contextlib.suppress(psutil.Error):
-            # Actor workers rename themselves ("ray::ServeReplica:..."), hiding the temp dir.
-            if any(temp_dir in part or part.startswith("ray::") for part in process.cmdline()):
+            if any(temp_dir in part for part in process.cmdline()):
+                return True
+            if process.environ().get(OWNER_ENV) == log_dir:
                 return True
     return False
