@@ -1,0 +1,373 @@
+"""WebSocket, server-sent events and gRPC through the Envoy ingress on real Ray clusters, and
+Envoy's own failures (a killed Envoy process, a killed daemon) under load.
+
+The app is `examples/protocols`; the Envoy kill uses the hello example.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import psutil
+import pytest
+import yaml
+from ray.serve.generated import serve_pb2, serve_pb2_grpc
+from websockets.sync.client import ClientConnection, connect
+
+from servekeeper.testing import REPO, Load, Servekeeper, free_port, hello_spec, pid_alive, wait_until
+
+pytestmark = pytest.mark.ray
+
+PROTOCOLS_EXAMPLE = REPO / "examples" / "protocols"
+NO_PROXY_GRPC = [("grpc.enable_http_proxy", 0)]
+
+
+def protocols_spec(
+    name: str, port: int, version: str, head_cpus: float, grpc_port: int | None = None
+) -> dict[str, Any]:
+    document = yaml.safe_load((PROTOCOLS_EXAMPLE / "service.yaml").read_text())
+    document["metadata"]["name"] = name
+    spec = document["spec"]
+    spec["ingress"] = {"port": port} if grpc_port is None else {"port": port, "grpcPort": grpc_port}
+    spec["rayClusterConfig"]["workingDir"] = str(PROTOCOLS_EXAMPLE / "app")
+    spec["rayClusterConfig"]["head"]["numCpus"] = head_cpus
+    spec["serveConfig"]["applications"][0]["args"]["version"] = version
+    spec["rayClusterDeletionDelaySeconds"] = 40
+    spec["readinessTimeoutSeconds"] = 300
+    return dict(document)
+
+
+def _cluster_roles(sk: Servekeeper) -> dict[str, str]:
+    return {c["name"]: c["role"] for c in sk.clusters()}
+
+
+# -- WebSocket and streaming ----------------------------------------------------------------------
+
+
+def _ws_connect(url: str) -> ClientConnection:
+    return connect(url, proxy=None, open_timeout=10, compression=None)
+
+
+class HeldSocket:
+    """One WebSocket that echoes a numbered message every `period_s` in a thread of its own,
+    recording (time, answer) or the error that ended it, until closed."""
+
+    def __init__(self, url: str, period_s: float = 0.2) -> None:
+        self.socket = _ws_connect(url)
+        self.period_s = period_s
+        self.answers: list[tuple[float, str]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        index = 0
+        while not self._stop.is_set():
+            sent = f"m{index}"
+            try:
+                self.socket.send(sent)
+                answer = self.socket.recv(timeout=10)
+            except Exception as exc:  # recorded, checked by the test
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            version, _, echoed = str(answer).partition(":")
+            if echoed != sent:
+                self.errors.append(f"sent {sent!r}, got {answer!r}")
+                return
+            self.answers.append((time.monotonic(), version))
+            index += 1
+            self._stop.wait(self.period_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+        self.socket.close()
+
+
+def _first_chunk_timing(url: str) -> tuple[float, float, str]:
+    """(time to first chunk, time to the end of the stream, body), over a new connection."""
+    first: float | None = None
+    body = b""
+    with httpx.Client(timeout=10, trust_env=False) as client:
+        started = time.perf_counter()
+        with client.stream("GET", url) as response:
+            assert response.status_code == 200, response.status_code
+            assert response.headers["content-type"].startswith("text/event-stream")
+            for chunk in response.iter_raw():
+                if first is None:
+                    first = time.perf_counter() - started
+                body += chunk
+        total = time.perf_counter() - started
+    assert first is not None
+    return first, total, body.decode()
+
+
+def test_websocket_held_across_an_upgrade_and_streaming_first_chunk_through_the_ingress(sk: Servekeeper) -> None:
+    port = free_port()
+    sk.up()
+    sk.apply(protocols_spec("proto", port, "v1", head_cpus=1))
+    assert sk.wait("proto") == 0
+    old = sk.clusters()[0]
+    direct_url = sk.get("proto")["activeCluster"]["serveUrl"]
+    ingress_url = f"http://127.0.0.1:{port}"
+
+    # Streaming: time to first chunk through Envoy vs straight to the cluster's Serve proxy,
+    # alternated so that drift on the machine hits both alike.
+    stream_path = "/stream?chunks=2&interval_s=1"
+    _first_chunk_timing(ingress_url + stream_path)  # warm both paths (upstream connection, replica)
+    _first_chunk_timing(direct_url + stream_path)
+    through, direct = [], []
+    for _ in range(5):
+        for base, into in ((ingress_url, through), (direct_url, direct)):
+            first, total, body = _first_chunk_timing(base + stream_path)
+            assert body == "data: v1 token 0\n\ndata: v1 token 1\n\n", body
+            assert first < total - 0.8, f"first chunk at {first:.3f}s of a {total:.3f}s stream: buffered"
+            into.append(first)
+    print(
+        f"time to first chunk, median of 5: through the ingress {statistics.median(through) * 1000:.1f} ms, "
+        f"direct {statistics.median(direct) * 1000:.1f} ms"
+    )
+    assert statistics.median(through) - statistics.median(direct) < 0.05, (through, direct)
+
+    # WebSocket: one socket held across a cluster-shape upgrade.
+    held = HeldSocket(f"ws://127.0.0.1:{port}/ws")
+    try:
+        wait_until(lambda: len(held.answers) >= 3 or held.errors, 10, "the held socket to echo")
+        applied_at = time.monotonic()
+        sk.apply(protocols_spec("proto", port, "v2", head_cpus=2))
+        assert sk.wait("proto") == 0
+        switched_at = time.monotonic()
+        new_cluster = sk.get("proto")["activeCluster"]["name"]
+        assert new_cluster != old["name"]
+
+        with _ws_connect(f"ws://127.0.0.1:{port}/ws") as fresh:
+            fresh.send("new")
+            assert fresh.recv(timeout=10) == "v2:new"
+        assert httpx.get(ingress_url + "/", trust_env=False, timeout=10).text == "v2"
+
+        # The open socket keeps the old cluster draining well past the 2 s minimum drain.
+        time.sleep(max(0.0, switched_at + 6 - time.monotonic()))
+        assert _cluster_roles(sk).get(old["name"]) == "draining", sk.clusters()
+        assert not held.errors, held.errors
+    finally:
+        held.close()
+    closed_at = time.monotonic()
+    wait_until(lambda: old["name"] not in _cluster_roles(sk), 10, "the old cluster to go once its socket closed")
+    gone_after = time.monotonic() - closed_at
+    print(
+        f"held socket: {len(held.answers)} echoes over {closed_at - applied_at:.1f}s "
+        f"(switch after {switched_at - applied_at:.1f}s); old cluster gone {gone_after:.1f}s after the close"
+    )
+
+    assert not held.errors, held.errors
+    assert {version for _, version in held.answers} == {"v1"}
+    assert max(t for t, _ in held.answers) > switched_at + 5  # it echoed past the switch, not just before
+    assert "ClusterDrained" in sk.events("proto")
+    wait_until(lambda: not pid_alive(old["head_pid"]), 30, "the old cluster's head to exit")
+
+
+# -- gRPC -----------------------------------------------------------------------------------------
+
+
+class GrpcLoad:
+    """Threads calling Method1 in a loop over a channel each; failures counted by status code."""
+
+    def __init__(self, port: int, threads: int = 4) -> None:
+        self.port = port
+        self.ok: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self.timeline: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+
+    def __enter__(self) -> GrpcLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=15)
+
+    def _run(self, index: int) -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}", options=NO_PROXY_GRPC) as channel:
+            stub = serve_pb2_grpc.UserDefinedServiceStub(channel)
+            while not self._stop.is_set():
+                name = f"t{index}"
+                try:
+                    answer = stub.Method1(serve_pb2.UserDefinedMessage(name=name), timeout=10)
+                    version, _, echoed = answer.greeting.partition(":")
+                    label = version if echoed == name else f"mismatch {answer.greeting!r}"
+                except grpc.RpcError as exc:
+                    label = f"status {exc.code().name}"
+                with self._lock:
+                    (self.ok if label in ("v1", "v2") else self.failures)[label] += 1
+                    self.timeline.append((time.monotonic(), label))
+                if label not in ("v1", "v2"):
+                    time.sleep(0.01)
+
+
+def _grpc_call(port: int) -> str:
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=NO_PROXY_GRPC) as channel:
+        answer = serve_pb2_grpc.UserDefinedServiceStub(channel).Method1(
+            serve_pb2.UserDefinedMessage(name="probe"), timeout=10
+        )
+    return str(answer.greeting)
+
+
+def test_grpc_through_the_ingress_across_an_upgrade_drops_nothing(sk: Servekeeper) -> None:
+    port, grpc_port = free_port(), free_port()
+    sk.up()
+    sk.apply(protocols_spec("rpc", port, "v1", head_cpus=1, grpc_port=grpc_port))
+    assert sk.wait("rpc") == 0
+    old = sk.clusters()[0]
+    assert _grpc_call(grpc_port) == "v1:probe"
+
+    threads = 4
+    with GrpcLoad(grpc_port, threads=threads) as load:
+        wait_until(lambda: load.ok["v1"] > 50, 30, "gRPC load to start")
+        sk.apply(protocols_spec("rpc", port, "v2", head_cpus=2, grpc_port=grpc_port))
+        assert sk.wait("rpc") == 0
+        wait_until(lambda: load.ok["v2"] > 50, 30, "v2 gRPC answers")
+        # The old cluster drains (no call in flight) and is deleted with the load still running.
+        wait_until(lambda: old["name"] not in _cluster_roles(sk), 60, "the old cluster to drain and go")
+        calls_at_deletion = sum(load.ok.values())
+        wait_until(lambda: sum(load.ok.values()) > calls_at_deletion + 50, 30, "calls after the deletion")
+    print(f"gRPC across the upgrade: {dict(load.ok)} answered, failures {dict(load.failures)}")
+
+    assert not load.failures, dict(load.failures)
+    first_v2 = min(t for t, label in load.timeline if label == "v2")
+    # The switch is atomic: after the first v2 only calls already in flight (one per thread) answer v1.
+    assert sum(1 for t, label in load.timeline if label == "v1" and t > first_v2) <= threads
+    assert _grpc_call(grpc_port) == "v2:probe"
+
+
+# -- Envoy killed under load ----------------------------------------------------------------------
+
+
+def _envoy_records(sk: Servekeeper) -> dict[int, dict[str, Any]]:
+    records = json.loads((sk.state_dir / "dataplane" / "processes.json").read_text())
+    return {int(r["index"]): r for r in records}
+
+
+def _envoy_pids(state_dir: Path) -> set[int]:
+    """Every live Envoy process of this state dir, found by command line (not by our records)."""
+    found = set()
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if "envoy" in cmdline and str(state_dir) in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.add(process.pid)
+    return found
+
+
+def _admin(admin_port: int, path: str) -> str:
+    return httpx.get(f"http://127.0.0.1:{admin_port}{path}", timeout=2, trust_env=False).text
+
+
+def _live(admin_port: int) -> bool:
+    try:
+        return _admin(admin_port, "/ready").strip() == "LIVE"
+    except httpx.HTTPError:
+        return False  # not listening yet
+
+
+def _listener_stat(admin_port: int, service: str, stat: str) -> int:
+    """One statistic of the service's HTTP listener in one Envoy process (e.g. downstream_rq_active)."""
+    total = 0
+    for line in _admin(admin_port, f"/stats?filter=^http\\.http-{service}\\.{stat}$").splitlines():
+        _, _, value = line.partition(":")
+        total += int(value)
+    return total
+
+
+def _answers_on_new_connection(url: str) -> bool:
+    try:
+        with httpx.Client(timeout=2, trust_env=False) as client:
+            return client.get(url).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_envoy_killed_under_load_then_daemon_killed(sk: Servekeeper) -> None:
+    clients = 16
+    port = free_port()
+    sk.up()
+    sk.apply(hello_spec("edge", port))
+    assert sk.wait("edge") == 0
+    active = sk.get("edge")["activeCluster"]["name"]
+    url = f"http://127.0.0.1:{port}/"
+    records = _envoy_records(sk)
+    assert set(records) == {0, 1} and _envoy_pids(sk.state_dir) == {r["pid"] for r in records.values()}
+    victim = records[0]
+
+    with Load(url, clients=clients) as load:
+        wait_until(lambda: load.result.ok > 300, 30, "load to start")
+        assert load.result.failed == 0, dict(load.result.failures)
+
+        # 1. kill -9 of one Envoy process.
+        in_flight = _listener_stat(victim["admin_port"], "edge", "downstream_rq_active")
+        connections = _listener_stat(victim["admin_port"], "edge", "downstream_cx_active")
+        killed_at = time.time()
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_until(lambda: _answers_on_new_connection(url), 1, "an answer after the kill", interval=0.01)
+        back_after = time.time() - killed_at
+        wait_until(
+            lambda: _envoy_records(sk)[0]["pid"] != victim["pid"] and pid_alive(_envoy_records(sk)[0]["pid"]),
+            5,
+            "envoy-0 to be restarted",
+            interval=0.05,
+        )
+        restarted_after = time.time() - killed_at
+        reborn = _envoy_records(sk)[0]
+        wait_until(lambda: _live(reborn["admin_port"]), 5, "the new envoy-0 to be live", interval=0.05)
+        # It holds the current route, and takes its share of new connections.
+        config_dump = _admin(reborn["admin_port"], "/config_dump?resource=dynamic_route_configs")
+        assert '"http-edge"' in config_dump and f'"http-{active}"' in config_dump, config_dump[:2000]
+        time.sleep(2)  # every failure the kill can cause has happened by now
+        assert _listener_stat(reborn["admin_port"], "edge", "downstream_rq_total") > 0
+        kill_failures = dict(load.result.failures)
+        failed_after_kill = [t - killed_at for t, label in load.result.timeline if label not in ("v1", "v2")]
+
+        # 2. kill -9 of the daemon: Envoy serves on.
+        envoys = _envoy_pids(sk.state_dir)
+        sk.kill_controller()
+        ok_at_daemon_kill = load.result.ok
+        time.sleep(4)
+        ok_without_daemon = load.result.ok - ok_at_daemon_kill
+        failed_without_daemon = load.result.failed - sum(kill_failures.values())
+        sk.up()
+        assert sk.wait("edge") == 0
+        time.sleep(1)
+    result = load.result
+
+    print(
+        f"Envoy kill: {sum(kill_failures.values())} failed {kill_failures} (on it just before: {in_flight} "
+        f"requests in flight, {connections} connections), answered again after {back_after * 1000:.0f} ms, "
+        f"restarted after {restarted_after:.2f}s; "
+        f"daemon down 4 s: {ok_without_daemon} ok, {failed_without_daemon} failed; total {result.ok} ok"
+    )
+    # Only what the killed process had in flight can fail: at most one request per client.
+    assert sum(kill_failures.values()) <= clients, kill_failures
+    assert all(0 <= moment < 1 for moment in failed_after_kill), failed_after_kill
+    assert back_after < 1
+
+    assert failed_without_daemon == 0, dict(result.failures)
+    assert ok_without_daemon > 100
+    assert result.failed == sum(kill_failures.values()), dict(result.failures)
+    # The new daemon adopted the running Envoy processes: none started, none replaced.
+    assert _envoy_pids(sk.state_dir) == envoys
+    assert {r["pid"] for r in _envoy_records(sk).values()} == envoys
+    assert sk.get("edge")["activeCluster"]["name"] == active
