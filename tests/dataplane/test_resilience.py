@@ -179,3 +179,35 @@ async def test_supervisor_resyncs_a_process_that_rejected_its_files(
         await supervisor
     async with httpx.AsyncClient() as client:
         assert (await client.get(f"http://127.0.0.1:{port}/")).text == "a"
+
+
+async def test_a_hung_envoy_is_replaced(make_plane: PlaneFactory, upstream: UpstreamFactory) -> None:
+    """Alive but silent (SIGSTOP): it can be neither read nor re-synced, and drains would wait on
+    it forever; the supervisor kills it and starts another on the same routes."""
+    a = await upstream("a")
+    plane = await make_plane()
+    port = free_port()
+    await plane.set_route(route("svc", port, [Backend("a", (a.endpoint,))], {"a": 100}))
+    stop = asyncio.Event()
+    supervisor = asyncio.create_task(plane.supervise(stop, sync_interval_s=0.2))
+    try:
+        victim = plane.processes()[0]
+        os.kill(victim.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 15
+        while plane.processes()[0].pid == victim.pid:
+            assert time.monotonic() < deadline, "the hung envoy-0 was not replaced"
+            await asyncio.sleep(0.1)
+        replacement = plane.processes()[0]
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                if (await admin_get(replacement.admin_port, "/ready")).strip() == "LIVE":
+                    break
+            await asyncio.sleep(0.1)
+        assert (await plane.routes())["svc"].in_sync
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            assert (await client.get("/")).text == "a"
+    finally:
+        stop.set()
+        await supervisor
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim.pid, signal.SIGKILL)

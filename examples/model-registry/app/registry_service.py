@@ -54,7 +54,7 @@ class LinearModel:
 
     def __call__(self, features: list[float]) -> dict[str, Any]:
         padded = (list(features) + [0.0] * len(self.weights))[: len(self.weights)]
-        score = sum(w * x for w, x in zip(self.weights, padded)) + self.bias
+        score = sum(w * x for w, x in zip(self.weights, padded, strict=True)) + self.bias
         return {"model": self.name, "score": round(score, 6)}
 
 

@@ -53,6 +53,9 @@ from servekeeper.ports import PortAllocator, port_is_free
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+# A live process whose admin port has not answered for this long is hung (a starting Envoy
+# answers within a second or two).
+HUNG_AFTER_S = 10.0
 
 
 class DataPlane:
@@ -76,6 +79,7 @@ class DataPlane:
         self._files = {i: XdsFiles(self.dir / f"envoy-{i}") for i in range(processes)}
         self._processes: dict[int, EnvoyProcess] = {}
         self._backoff = {i: Backoff() for i in range(processes)}
+        self._answered_at: dict[int, float] = {}  # process index -> when its admin last answered
         self._routes: dict[str, ServiceRoute] = {}
         self._version = 0
         self._lock = asyncio.Lock()
@@ -204,6 +208,7 @@ class DataPlane:
         )
         self._processes[index] = process
         self._backoff[index].started(time.monotonic())
+        self._answered_at[index] = time.monotonic()  # a grace period to come up
         save_records(self._records_path, list(self._processes.values()))
         logger.info("[dataplane] started envoy-%d (pid %d, admin port %d)", index, process.pid, admin_port)
         return process
@@ -220,7 +225,12 @@ class DataPlane:
                 backoff.died(now)
                 logger.warning("[dataplane] envoy-%d (pid %d) exited (code %s)", index, process.pid, code)
             if backoff.may_restart(now):
-                self._start(index)
+                try:
+                    self._start(index)
+                except (OSError, DataPlaneError) as exc:  # the binary gone, no port: paced like a crash
+                    backoff.started(now)
+                    backoff.died(now)
+                    logger.error("[dataplane] envoy-%d could not be started: %s", index, exc)
 
     async def _wait_ready(self, processes: list[EnvoyProcess], timeout: float = 15.0) -> None:
         admin = self._admin()
@@ -387,7 +397,15 @@ class DataPlane:
                 try:
                     config = await admin.config(process.admin_port)
                 except DataPlaneError:
-                    continue  # starting, or about to be restarted
+                    # Starting, or about to be restarted; but one alive and silent this long is
+                    # hung: it cannot be re-synced or drained, so it is replaced.
+                    silent_since = self._answered_at.setdefault(i, time.monotonic())
+                    if time.monotonic() - silent_since >= HUNG_AFTER_S:
+                        logger.error("[dataplane] envoy-%d (pid %d) does not answer; replacing it", i, process.pid)
+                        self._answered_at.pop(i, None)
+                        await asyncio.to_thread(terminate, [process], 2.0)
+                    continue
+                self._answered_at[i] = time.monotonic()
                 if not self._in_step(i, config):
                     logger.warning("[dataplane] envoy-%d is behind its files; writing the desired routes again", i)
                     self._write_final(i, self._routes, config)
