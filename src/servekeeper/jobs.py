@@ -4,6 +4,7 @@ local `ray.init()` needs (`servekeeper env`)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -43,8 +44,12 @@ def submit_job(dashboard_url: str, entrypoint: list[str], working_dir: Path, out
     from ray.job_submission import JobSubmissionClient  # slow to import: only for this command
 
     client = JobSubmissionClient(dashboard_url)
+    # `python` in the entrypoint must be the Python that runs Ray (as in KubeRay's Ray image), not
+    # whatever the head's PATH finds first: on this provider that is the Python servekeeper runs in.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     job_id = client.submit_job(
-        entrypoint=shlex.join(entrypoint), runtime_env={"working_dir": str(working_dir.resolve())}
+        entrypoint=shlex.join(entrypoint),
+        runtime_env={"working_dir": str(working_dir.resolve()), "env_vars": {"PATH": path}},
     )
     print(f"job {job_id} submitted to {dashboard_url}", file=sys.stderr)
 
