@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install servekeeper with its pinned dependencies and test tools;
-# then .venv310, the same on Python 3.10 (the oldest version we claim), for the unit tests.
+# Create .venv (if missing) and install servekeeper with its pinned dependencies and test tools.
+# With --tests, also what only the test suite needs: Debian's tmux and chromium, and .venv310
+# (the same on Python 3.10, the oldest version we claim) for the unit tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+if [ "${1:-}" != "--tests" ]; then
+  if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+  fi
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e ".[test,bench]"
+  exit 0
+fi
 
 # Debian packages the observability tests drive: tmux (the live rollout view on a terminal) and
 # chromium (the web dashboard in a real browser, through Playwright; never `playwright install`).

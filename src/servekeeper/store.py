@@ -13,6 +13,7 @@ the write lock before its first read, so a read-modify-write (`apply_spec`, `mar
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -126,6 +127,10 @@ class Store:
         self._connections: dict[threading.Thread, sqlite3.Connection] = {}
         self._connections_lock = threading.Lock()
         self._closed = False
+        if not path.exists():
+            # Specs hold env values (and imported secrets): readable by the owner only. SQLite
+            # gives its -wal and -shm files the mode of the database file.
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
             try:
                 db = self._connection()

@@ -342,3 +342,10 @@ def test_submissions_are_counted_per_cluster_and_config(tmp_path: Path) -> None:
         store.record_submission(cluster, config, 1.0)
     assert store.count_submissions("c1", "h1") == 2
     assert store.count_submissions("c2", "h2") == 0
+
+
+def test_a_new_store_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store.db")
+    store.apply_spec("svc", '{"env": "a secret"}', now=1.0)
+    for path in tmp_path.iterdir():
+        assert path.stat().st_mode & 0o077 == 0, f"{path.name} is readable by others"
