@@ -13,7 +13,9 @@ if TYPE_CHECKING:
     from servekeeper.client import (
         AsyncClient,
         Client,
+        Conflict,
         DaemonNotRunning,
+        RevisionNotFound,
         RolloutFailed,
         ServekeeperError,
         ServiceNotFound,
@@ -25,7 +27,9 @@ if TYPE_CHECKING:
 __all__ = [
     "AsyncClient",
     "Client",
+    "Conflict",
     "DaemonNotRunning",
+    "RevisionNotFound",
     "RolloutFailed",
     "ServekeeperError",
     "ServiceNotFound",

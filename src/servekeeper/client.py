@@ -71,6 +71,35 @@ class ClusterView(TypedDict, total=False):
     headAlive: bool | None
     applications: dict[str, AppView]
     probes: list[dict[str, Any]]
+    canary: CanaryView  # only on a pending cluster rolled out with `upgradeStrategy.type: Canary`
+
+
+class AnalysisView(TypedDict):
+    """One analysis interval: the canary's figures, and the stable cluster's beside them."""
+
+    started_at: float
+    ended_at: float
+    requests: int
+    success_rate: float | None  # None: no requests
+    p99_ms: float | None
+    stable_requests: int
+    stable_success_rate: float | None
+    stable_p99_ms: float | None
+    verdict: str  # passed | failed | inconclusive
+    message: str
+
+
+class CanaryView(TypedDict, total=False):
+    weight: int  # the canary's share of traffic (percent) in force
+    step: int  # index of the current step (0-based); == steps once every step is done
+    steps: int
+    stepDescription: str  # "step 2/4: pause 30s"
+    pauseRemainingSeconds: float | None  # None: not in a timed pause
+    stepStartedAt: float
+    passedIntervals: int
+    failedIntervals: int
+    inconclusiveIntervals: int
+    lastAnalysis: AnalysisView | None
 
 
 class IngressView(TypedDict):
@@ -113,9 +142,48 @@ class DeleteResult(TypedDict):
     deleting: bool
 
 
+class PromoteResult(TypedDict):
+    name: str
+    cluster: str  # the canary (pending) cluster
+    full: bool
+    promoteRequests: int  # `promote`s counted on that cluster so far
+
+
+class AbortResult(TypedDict):
+    name: str
+    cluster: str
+    aborting: bool
+
+
+class UndoResult(TypedDict):
+    name: str
+    generation: int  # the new generation that rolls the earlier revision out
+    changed: bool
+    toRevision: int
+
+
+class RevisionView(TypedDict):
+    revision: int  # the generation it was applied as
+    current: bool
+    createdAt: float
+    specHash: str
+    packageHash: str | None
+    cause: str  # "apply", "undo to revision 3", ...
+    outcome: str  # Progressing | Succeeded | Failed | Aborted | Superseded
+    endedAt: float | None
+    endedBy: str | None
+    message: str | None
+
+
+class HistoryView(TypedDict):
+    name: str
+    revisions: list[RevisionView]  # oldest first
+
+
 # Aliases: inside the client classes `list` names a method.
 ServiceViews = list[ServiceView]
 EventViews = list[EventView]
+RevisionViews = list[RevisionView]
 SpecSource = str | os.PathLike[str] | Mapping[str, Any] | ServiceSpec
 
 
@@ -163,6 +231,15 @@ class Unauthorized(ApiError):
 
 class ServiceNotFound(ApiError):
     """No service of that name (the message is the daemon's: "service 'x' not found")."""
+
+
+class RevisionNotFound(ApiError):
+    """`undo --to-revision N` named a revision the history does not keep."""
+
+
+class Conflict(ApiError):
+    """The call does not fit the service's state (409): promote or abort with no rollout in
+    progress, undo with nothing to undo to, to the current revision, or to a deleted package."""
 
 
 class SpecInvalid(ServekeeperError):
@@ -258,7 +335,11 @@ def _answer(response: httpx.Response) -> Any:
     if response.status_code == 401:
         raise Unauthorized(401, detail, response.text)
     if response.status_code == 404:
+        if isinstance(detail, str) and detail.startswith("revision "):
+            raise RevisionNotFound(404, detail, response.text, message=detail)
         raise ServiceNotFound(404, detail, response.text, message=str(detail))
+    if response.status_code == 409:
+        raise Conflict(409, detail, response.text, message=str(detail))
     if response.status_code == 422:
         problems = detail.get("problems") if isinstance(detail, dict) else None
         if not isinstance(problems, list):
@@ -411,6 +492,29 @@ class Client:
         """Ask the daemon to exit (`servekeeper down`); with `stop_clusters`, every cluster stops too."""
         self._call("POST", "/api/v1/shutdown", json={"stopClusters": stop_clusters})
 
+    def promote(self, name: str, full: bool = False) -> PromoteResult:
+        """Let the canary go on past its current pause (`full`: skip every remaining step and
+        analysis, all traffic at once). Conflict when no rollout is in progress."""
+        result: PromoteResult = self._call("POST", f"/api/v1/services/{name}/promote", json={"full": full})
+        return result
+
+    def abort(self, name: str) -> AbortResult:
+        """Stop the rollout in progress: the new cluster loses its traffic at once and is removed."""
+        result: AbortResult = self._call("POST", f"/api/v1/services/{name}/abort")
+        return result
+
+    def undo(self, name: str, to_revision: int | None = None) -> UndoResult:
+        """Roll out an earlier revision's spec and code as a new generation (default: the last
+        one that rolled out before the current one)."""
+        body = {"toRevision": to_revision}
+        result: UndoResult = self._call("POST", f"/api/v1/services/{name}/undo", json=body)
+        return result
+
+    def history(self, name: str) -> RevisionViews:
+        """The service's revisions, oldest first (at most `spec.revisionHistoryLimit`)."""
+        answer: HistoryView = self._call("GET", f"/api/v1/services/{name}/history")
+        return answer["revisions"]
+
     def dashboard_login_url(self) -> str:
         """A URL that logs a browser in to the web dashboard: a one-time code, valid about a
         minute, that the daemon exchanges for a session cookie (`servekeeper dashboard`)."""
@@ -501,23 +605,48 @@ class AsyncClient:
     async def shutdown(self, stop_clusters: bool = True) -> None:
         await self._call("POST", "/api/v1/shutdown", json={"stopClusters": stop_clusters})
 
+    async def promote(self, name: str, full: bool = False) -> PromoteResult:
+        result: PromoteResult = await self._call("POST", f"/api/v1/services/{name}/promote", json={"full": full})
+        return result
+
+    async def abort(self, name: str) -> AbortResult:
+        result: AbortResult = await self._call("POST", f"/api/v1/services/{name}/abort")
+        return result
+
+    async def undo(self, name: str, to_revision: int | None = None) -> UndoResult:
+        result: UndoResult = await self._call("POST", f"/api/v1/services/{name}/undo", json={"toRevision": to_revision})
+        return result
+
+    async def history(self, name: str) -> RevisionViews:
+        answer: HistoryView = await self._call("GET", f"/api/v1/services/{name}/history")
+        return answer["revisions"]
+
 
 __all__ = [
+    "AbortResult",
+    "AnalysisView",
     "ApiError",
     "ApplyResult",
     "AsyncClient",
+    "CanaryView",
     "Client",
     "ClusterView",
     "ConditionView",
+    "Conflict",
     "DaemonNotRunning",
     "DeleteResult",
     "EventView",
+    "HistoryView",
+    "PromoteResult",
+    "RevisionNotFound",
+    "RevisionView",
     "RolloutFailed",
     "ServekeeperError",
     "ServiceNotFound",
     "ServiceView",
     "SpecInvalid",
     "Unauthorized",
+    "UndoResult",
     "WaitTimeout",
     "condition",
     "is_true",
