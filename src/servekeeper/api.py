@@ -21,6 +21,7 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from servekeeper.api_rollouts import add_rollout_routes
 from servekeeper.controller import Controller
 from servekeeper.core.placement import insufficient_capacity
 from servekeeper.core.serve_config import package_hash_of
@@ -56,6 +57,8 @@ class ShutdownRequest(BaseModel):
 def packages_in_use(store: Store) -> set[str]:
     """Code packages a service wants or a cluster runs, or would get back after a failed change."""
     keep = {s.package_hash for s in store.list_services()}
+    for service in store.list_services():  # what `undo` may roll back to
+        keep.update(revision.package_hash for revision in store.list_revisions(service.name))
     for cluster in store.list_clusters():
         keep.add(cluster.package_hash)
         for config_hash in (cluster.good_config_hash, cluster.applied_config_hash, cluster.submitted_config_hash):
@@ -102,7 +105,7 @@ def build_app(
             raise HTTPException(status_code=404, detail=f"service {name!r} not found")
         spec = ServiceSpec.model_validate_json(service.spec_json)
         result = service_view(
-            service, spec.spec.ingress.port, store.list_clusters(name), controller.status_snapshot(name)
+            service, spec.spec.ingress.port, store.list_clusters(name), controller.status_snapshot(name), time.time()
         )
         imported = store.get_fact(IMPORT_FACT.format(name=name)) or {}
         result["importedFrom"] = imported.get("source")
@@ -149,12 +152,13 @@ def build_app(
             return result
 
     def _check_ports_free(spec: ServiceSpec) -> None:
-        wanted = {spec.spec.ingress.port, spec.spec.ingress.grpcPort} - {None}
+        wanted = {spec.spec.ingress.port, spec.spec.ingress.grpcPort, spec.spec.ingress.previewPort} - {None}
         for other in store.list_services():
             if other.name == spec.name or other.deleting:
                 continue
             ingress = ServiceSpec.model_validate_json(other.spec_json).spec.ingress
-            taken = sorted(p for p in wanted & {ingress.port, ingress.grpcPort} if p is not None)
+            theirs = {ingress.port, ingress.grpcPort, ingress.previewPort}
+            taken = sorted(p for p in wanted & theirs if p is not None)
             if taken:
                 raise HTTPException(
                     status_code=422,
@@ -174,7 +178,13 @@ def build_app(
             package_hash = package.hash if package else None
         now = time.time()
         with store.transaction():  # the spec and when it was applied (rollout durations), together
-            service, changed = store.apply_spec(spec.name, spec.to_json(), now, package_hash=package_hash)
+            service, changed = store.apply_spec(
+                spec.name,
+                spec.to_json(),
+                now,
+                package_hash=package_hash,
+                history_limit=spec.spec.revisionHistoryLimit,
+            )
             if changed:
                 record_applied(store, service.name, service.generation, now)
         if packages_dir is not None and changed:
@@ -209,6 +219,8 @@ def build_app(
             raise HTTPException(status_code=404, detail=f"service {name!r} not found")
         controller.wake(name)
         return {"name": name, "deleting": True}
+
+    add_rollout_routes(app, store, controller, packaging, packages_dir)
 
     @app.get("/api/v1/events")
     async def events(service: str | None = None, limit: int = 100) -> list[dict[str, Any]]:

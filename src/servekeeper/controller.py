@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,7 +22,7 @@ import aiohttp
 from servekeeper.core import actions as act
 from servekeeper.core.planner import plan
 from servekeeper.core.serve_config import build_serve_config, config_deployed, desired_config_hash, package_hash_of
-from servekeeper.dataplane import Backend, DataPlaneError, Endpoint, RouteObservation, ServiceRoute
+from servekeeper.dataplane import Backend, BackendStats, DataPlaneError, Endpoint, RouteObservation, ServiceRoute
 from servekeeper.faults import Hooks
 from servekeeper.metrics import ControllerMetrics
 from servekeeper.package import Package
@@ -32,6 +32,7 @@ from servekeeper.providers.base import ClusterProvider, ProviderError
 from servekeeper.serve_api import PermanentServeError, RetryableServeError, ServeClient
 from servekeeper.spec import RayClusterConfigSpec, ServiceSpec
 from servekeeper.status import (
+    BackendCounters,
     ClusterObservation,
     ClusterRecord,
     ClusterRole,
@@ -63,6 +64,8 @@ class DataPlanePort(Protocol):
     async def remove_route(self, service: str) -> None: ...
 
     def desired_route(self, service: str) -> ServiceRoute | None: ...
+
+    async def backend_stats(self) -> dict[str, BackendStats]: ...
 
 
 @dataclass
@@ -158,9 +161,7 @@ class Controller:
         if failed:
             # A rollout failure is a decision, not a reading: stored before the actions that
             # follow from it (a restore PUT), so a crash after them cannot re-send the failed config.
-            self._persist_status(
-                service, service.with_changes(**_failure_fields(decision.service)), only_failure=True
-            )
+            self._persist_status(service, service.with_changes(**_failure_fields(decision.service)), only_failure=True)
         tick = _Tick()
         completed = False
         try:
@@ -174,11 +175,12 @@ class Controller:
             # failed, neither is true, so only what this tick learned is kept (the next tick
             # re-plans from the store and says it again once it is so).
             after = decision.service if completed else service.with_changes(**_failure_fields(decision.service))
-            failure_events = [e for e in decision.events if failed and e.reason == "RolloutFailed"]
+            failure_events = [e for e in decision.events if failed and e.reason in ("RolloutFailed", "RolloutAborted")]
             tick.events[:0] = decision.events if completed else failure_events
             if tick.rejected is not None and after.failed_generation != service.generation:
                 after = after.with_changes(failed_generation=service.generation, failure_reason=tick.rejected)
             self._persist_status(service, after)
+            self._record_revision_outcome(service, after)
             self.store.add_events(tick.events)
             self.metrics.tick_persisted(self.store, service, after, tick.events, self.clock())
             for event in tick.events:
@@ -196,6 +198,22 @@ class Controller:
             return PENDING_TICK_SECONDS
         busy = decision.actions or any(c.role != ClusterRole.ACTIVE for c in clusters)
         return FAST_TICK_SECONDS if busy or not _is_ready(decision.service) else STEADY_TICK_SECONDS
+
+    def _record_revision_outcome(self, before: ServiceRecord, after: ServiceRecord) -> None:
+        """The history's answer to "how did revision N end" (the first ending stands)."""
+        generation = before.generation
+        if after.failed_generation == generation and before.failed_generation != generation:
+            reason = after.failure_reason or "RolloutFailed"
+            if reason.startswith("Aborted"):
+                outcome, ended_by = "Aborted", "servekeeper abort"
+            elif reason.startswith("AnalysisFailed"):
+                outcome, ended_by = "Aborted", "canary analysis"
+            else:
+                outcome, ended_by = "Failed", "servekeeper"
+            self.store.end_revision(before.name, generation, outcome, ended_by, reason, self.clock())
+        elif after.observed_generation == generation and after.failed_generation != generation:
+            if before.observed_generation != generation:
+                self.store.end_revision(before.name, generation, "Succeeded", "servekeeper", "", self.clock())
 
     def _persist_status(self, before: ServiceRecord, after: ServiceRecord, only_failure: bool = False) -> None:
         # The API may have stored a new spec or marked the service deleted while this tick ran:
@@ -228,9 +246,15 @@ class Controller:
         observed = await asyncio.gather(*(self._observe_cluster(c, service, spec) for c in live))
         route: IngressRouteObservation | None = None
         ingress_ok = True
+        counters: dict[str, BackendCounters] | None = None
         try:
             observed_route = (await self.dataplane.routes()).get(service.name)
             route = observed_route.to_ingress() if observed_route is not None else None
+            if route is not None:
+                desired = self.dataplane.desired_route(service.name)
+                route = replace(route, preview=desired.preview_backend if desired is not None else None)
+            if any(c.role == ClusterRole.PENDING and c.canary is not None for c in live):
+                counters = _counters(await self.dataplane.backend_stats())
             if route is not None and (
                 not observed_route.in_sync  # type: ignore[union-attr]
                 or service.name in self._unacknowledged_routes
@@ -242,7 +266,9 @@ class Controller:
         except DataPlaneError as exc:
             ingress_ok = False  # every backend counts as busy: nothing is deleted on this look
             logger.warning("[%s] data plane not readable: %s", service.name, exc)
-        return Observation(clusters={o.name: o for o in observed}, route=route, ingress_ok=ingress_ok)
+        return Observation(
+            clusters={o.name: o for o in observed}, route=route, ingress_ok=ingress_ok, backend_counters=counters
+        )
 
     def _liveness(self, cluster: ClusterRecord) -> tuple[bool, list[int], str | None]:
         """Process checks and log reads: blocking, so they run in a worker thread."""
@@ -540,11 +566,14 @@ class Controller:
                 continue
             grpc = (Endpoint("127.0.0.1", cluster.ports.serve_grpc),) if ingress.grpcPort is not None else ()
             backends.append(Backend(name, http=(Endpoint("127.0.0.1", cluster.ports.serve_http),), grpc=grpc))
+        weights = action.weights()
         return ServiceRoute(
             service=service.name,
             port=ingress.port,
             backends=tuple(backends),
-            weights={b.name: 100 if b.name == action.active else 0 for b in backends},
+            weights={b.name: weights.get(b.name, 0) for b in backends},
+            preview_port=ingress.previewPort,
+            preview_backend=action.preview if any(b.name == action.preview for b in backends) else None,
             grpc_port=ingress.grpcPort,
             max_request_bytes=ingress.maxRequestBytes,
             request_timeout_s=ingress.requestTimeoutSeconds,
@@ -630,13 +659,34 @@ def _listener_settings_changed(route: ServiceRoute | None, spec: ServiceSpec) ->
     if route is None:
         return False
     ingress = spec.spec.ingress
-    return (route.port, route.grpc_port, route.max_request_bytes, route.request_timeout_s, route.idle_timeout_s) != (
+    observed = (
+        route.port,
+        route.grpc_port,
+        route.max_request_bytes,
+        route.request_timeout_s,
+        route.idle_timeout_s,
+        route.preview_port,
+    )
+    return observed != (
         ingress.port,
         ingress.grpcPort,
         ingress.maxRequestBytes,
         ingress.requestTimeoutSeconds,
         ingress.idleTimeoutSeconds,
+        ingress.previewPort,
     )
+
+
+def _counters(stats: dict[str, BackendStats]) -> dict[str, BackendCounters]:
+    return {
+        name: BackendCounters(
+            requests=backend.rq_total,
+            errors_5xx=backend.rq_5xx,
+            latency_ms_buckets=tuple(sorted(backend.latency_ms_buckets.items())),
+            epoch=backend.epoch,
+        )
+        for name, backend in stats.items()
+    }
 
 
 def _is_ready(service: ServiceRecord) -> bool:

@@ -61,7 +61,8 @@ class ControllerMetrics(Collector):
       (a new cluster switched to, or a config change applied in place); its duration, from the
       apply of that generation to that moment, goes to servekeeper_rollout_duration_seconds;
     - failed: each RolloutFailed event (a pending cluster or an in-place change failed);
-    - aborted: each PendingClusterReplaced event (a newer spec came while a cluster came up).
+    - aborted: each PendingClusterReplaced event (a newer spec came while a cluster came up or
+      ran as a canary) and each RolloutAborted (canary analysis failed, or `servekeeper abort`).
     """
 
     def __init__(self) -> None:
@@ -112,7 +113,7 @@ class ControllerMetrics(Collector):
         for event in events:
             if event.reason == "RolloutFailed":
                 self.rollouts.labels(name, "failed").inc()
-            elif event.reason == "PendingClusterReplaced":
+            elif event.reason in ("PendingClusterReplaced", "RolloutAborted"):
                 self.rollouts.labels(name, "aborted").inc()
         if after.observed_generation == before.observed_generation:
             return

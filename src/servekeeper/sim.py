@@ -17,6 +17,7 @@ from servekeeper.status import (
     AppSource,
     AppState,
     AppStatus,
+    BackendCounters,
     ClusterObservation,
     ClusterPorts,
     ClusterRecord,
@@ -30,6 +31,7 @@ from servekeeper.status import (
     SwitchGate,
 )
 
+_BUCKETS_MS = (0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)  # Envoy's defaults
 _NODE = NodePorts(1, 2, 3, 4, 5, 6, 7, 8)
 _PORTS = ClusterPorts(gcs=1, dashboard=2, client_server=3, serve_http=4, serve_grpc=5, node_ports=(_NODE,))
 
@@ -72,6 +74,9 @@ class SimWorld:
         self.submissions: list[str] = []
         self._ids = itertools.count(1)
         self.forgotten = False
+        # The ingress's per-backend counters (None: unreadable); grown by `serve_traffic`.
+        self.counters: dict[str, BackendCounters] | None = {}
+        self.ingress_epoch = "1"
 
     # -- inputs --------------------------------------------------------------------------
 
@@ -85,6 +90,30 @@ class SimWorld:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+    def serve_traffic(
+        self, requests: int, error_rate: dict[str, float] | None = None, latency_ms: dict[str, float] | None = None
+    ) -> None:
+        """`requests` answered through the ingress, split by the route's weights; each backend
+        fails its `error_rate` share with a 5xx and answers in `latency_ms` (default 5 ms)."""
+        if self.route is None or self.counters is None:
+            return
+        for name in self.route.upstreams:
+            share = round(requests * self.route.weight_of(name) / 100)
+            if share <= 0:
+                continue
+            before = self.counters.get(name, BackendCounters())
+            latency = (latency_ms or {}).get(name, 5.0)
+            buckets = dict(before.latency_ms_buckets) or dict.fromkeys(map(float, _BUCKETS_MS), 0)
+            grown = {bound: count + (share if latency <= bound else 0) for bound, count in buckets.items()}
+            if before.epoch != self.ingress_epoch:
+                before = BackendCounters(epoch=self.ingress_epoch)
+            self.counters[name] = BackendCounters(
+                epoch=self.ingress_epoch,
+                requests=before.requests + share,
+                errors_5xx=before.errors_5xx + round(share * (error_rate or {}).get(name, 0.0)),
+                latency_ms_buckets=tuple(sorted(grown.items())),
+            )
 
     # -- observation ---------------------------------------------------------------------
 
@@ -137,13 +166,17 @@ class SimWorld:
                 active=self.route.active,
                 upstreams=self.route.upstreams,
                 inflight={name: self.inflight.get(name, 0) for name in self.route.upstreams},
+                weights=dict(self.route.weights),
+                preview=self.route.preview,
             )
         clusters = {
             name: self.observe_cluster(cluster)
             for name, cluster in self.clusters.items()
             if cluster.role != ClusterRole.DELETING
         }
-        return Observation(clusters=clusters, route=route)
+        return Observation(
+            clusters=clusters, route=route, backend_counters=dict(self.counters) if self.counters is not None else None
+        )
 
     # -- one tick ------------------------------------------------------------------------
 
@@ -205,7 +238,11 @@ class SimWorld:
         elif isinstance(action, act.UpdateCluster):
             self.clusters[action.cluster] = self.clusters[action.cluster].with_changes(**action.changes)
         elif isinstance(action, act.SetRoute):
-            self.route = IngressRouteObservation(active=action.active, upstreams=frozenset(action.upstreams))
+            weights = action.weights()
+            active = max((weight, name) for name, weight in weights.items())[1]
+            self.route = IngressRouteObservation(
+                active=active, upstreams=frozenset(action.upstreams), weights=weights, preview=action.preview
+            )
         elif isinstance(action, act.RemoveRoute):
             self.route = None
         elif isinstance(action, act.DeleteCluster):

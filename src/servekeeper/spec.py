@@ -10,10 +10,10 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -148,16 +148,102 @@ class IngressSpec(_Strict):
     maxRequestBytes: int = Field(default=64 * 1024 * 1024, ge=1, le=4 * 1024**3)  # 413 above, chunked too
     requestTimeoutSeconds: float = Field(default=0, ge=0, le=86400)  # 0: none, so long streams work
     idleTimeoutSeconds: float = Field(default=300, gt=0, le=86400)
+    # While a pending (canary) cluster exists, this port sends all its requests there; else 503.
+    previewPort: int | None = Field(default=None, ge=1, le=65535)
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> IngressSpec:
-        if self.grpcPort is not None and self.grpcPort == self.port:
-            raise ValueError("grpcPort must differ from port")
+        ports = [p for p in (self.port, self.grpcPort, self.previewPort) if p is not None]
+        if len(set(ports)) != len(ports):
+            raise ValueError("port, grpcPort and previewPort must differ")
+        return self
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def _seconds(value: Any) -> Any:
+    """ "30s", "2m", "1.5h", "250ms" or a plain number of seconds (Argo Rollouts' duration shape)."""
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match is None:
+            raise ValueError(f"{value!r} is not a duration like '30s', '2m' or '1h'")
+        return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(_seconds), Field(ge=0, le=7 * 86400)]
+
+
+class PauseSpec(_Strict):
+    duration: Duration | None = None  # None: wait for `servekeeper promote`
+
+
+class CanaryStepSpec(_Strict):
+    """One step, exactly one of: move the canary's weight, or pause."""
+
+    setWeight: int | None = Field(default=None, ge=0, le=100)
+    pause: PauseSpec | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> CanaryStepSpec:
+        if (self.setWeight is None) == (self.pause is None):
+            raise ValueError("a step is either {setWeight: N} or {pause: {...}}")
+        return self
+
+
+class MinThreshold(_Strict):
+    min: float = Field(ge=0, le=1)
+
+
+class MaxThreshold(_Strict):
+    max: float = Field(gt=0)
+
+
+class AnalysisSpec(_Strict):
+    """Checked every interval while the canary has traffic, from the ingress's own counters."""
+
+    interval: Duration = Field(default=10, gt=0)
+    minRequests: int = Field(default=50, ge=1)  # fewer in an interval: inconclusive, neither pass nor fail
+    successRate: MinThreshold | None = None  # share of non-5xx answers
+    latencyP99Ms: MaxThreshold | None = None
+    failureLimit: int = Field(default=1, ge=0, le=1000)  # failed intervals tolerated; one more aborts
+
+    @model_validator(mode="after")
+    def _something_to_check(self) -> AnalysisSpec:
+        if self.successRate is None and self.latencyP99Ms is None:
+            raise ValueError("analysis needs successRate or latencyP99Ms (or both)")
+        return self
+
+
+class CanarySpec(_Strict):
+    steps: list[CanaryStepSpec] = Field(min_length=1, max_length=100)
+    analysis: AnalysisSpec | None = None
+    capacityFollowsTraffic: bool = False
+
+    @model_validator(mode="after")
+    def _weights_make_sense(self) -> CanarySpec:
+        for index, step in enumerate(self.steps):
+            if step.setWeight == 100 and index != len(self.steps) - 1:
+                raise ValueError(f"steps[{index}]: setWeight 100 promotes the canary; it can only be the last step")
+        if self.capacityFollowsTraffic:
+            raise ValueError("capacityFollowsTraffic is not supported yet; remove it (false)")
         return self
 
 
 class UpgradeStrategySpec(_Strict):
-    type: Literal["NewCluster", "None"] = "NewCluster"
+    # Canary: every change (cluster or Serve config) rolls a new cluster and moves traffic to it in steps.
+    type: Literal["NewCluster", "Canary", "None"] = "NewCluster"
+    canary: CanarySpec | None = None
+
+    @model_validator(mode="after")
+    def _canary_iff_canary(self) -> UpgradeStrategySpec:
+        if self.type == "Canary" and self.canary is None:
+            raise ValueError("type Canary needs a canary: {steps: [...]} section")
+        if self.type != "Canary" and self.canary is not None:
+            raise ValueError(f"canary is only read with type Canary, not {self.type}")
+        return self
 
 
 class ServeApplicationSpec(BaseModel):
@@ -248,6 +334,24 @@ class ServiceSpecBody(_Strict):
     rayClusterDeletionDelaySeconds: float = Field(default=60, ge=0, le=86400)
     readinessTimeoutSeconds: float = Field(default=600, gt=0, le=86400)
     serviceUnhealthySecondThreshold: float = Field(default=300, ge=0, le=86400)
+    # After a full switch the old cluster is kept (no traffic) this long: `undo` within it moves
+    # traffic back at once, without starting a cluster.
+    rollbackWindowSeconds: float = Field(default=0, ge=0, le=7 * 86400)
+    revisionHistoryLimit: int = Field(default=10, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _canary_needs_new_clusters(self) -> ServiceSpecBody:
+        if self.upgradeStrategy.type == "Canary" and "serveConfigUpdate" in self.model_fields_set:
+            if self.serveConfigUpdate == "InPlace":
+                raise ValueError(
+                    "upgradeStrategy Canary rolls every change out on a new cluster; "
+                    "serveConfigUpdate InPlace contradicts it (remove it or set NewCluster)"
+                )
+        return self
+
+    @property
+    def rolls_config_changes_on_new_cluster(self) -> bool:
+        return self.serveConfigUpdate == "NewCluster" or self.upgradeStrategy.type == "Canary"
 
 
 class Metadata(_Strict):

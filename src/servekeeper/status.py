@@ -134,6 +134,108 @@ class NodePorts:
 
 
 @dataclass(frozen=True)
+class BackendCounters:
+    """One backend's counters at the ingress, summed over its processes; they only grow
+    (unless an ingress process restarted: then they start again from 0)."""
+
+    requests: int = 0
+    errors_5xx: int = 0
+    latency_ms_buckets: tuple[tuple[float, int], ...] = ()  # (upper bound, cumulative count), ascending
+    epoch: str = ""  # the ingress processes counted: counters of two epochs never compare
+
+    def to_json(self) -> dict[str, Any]:
+        buckets = [list(bucket) for bucket in self.latency_ms_buckets]
+        return {"requests": self.requests, "errors5xx": self.errors_5xx, "buckets": buckets, "epoch": self.epoch}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BackendCounters:
+        buckets = tuple((float(bound), int(count)) for bound, count in data.get("buckets", []))
+        return cls(
+            requests=int(data["requests"]),
+            errors_5xx=int(data["errors5xx"]),
+            latency_ms_buckets=buckets,
+            epoch=str(data.get("epoch", "")),
+        )
+
+
+@dataclass(frozen=True)
+class AnalysisFigures:
+    """What one analysis interval measured, for the canary and (beside it) the stable cluster."""
+
+    started_at: float
+    ended_at: float
+    requests: int
+    success_rate: float | None  # None: no requests
+    p99_ms: float | None
+    stable_requests: int
+    stable_success_rate: float | None
+    stable_p99_ms: float | None
+    verdict: str  # "passed" | "failed" | "inconclusive"
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AnalysisFigures:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class CanaryState:
+    """A canary's progress, stored on its cluster: a restarted controller resumes the same step
+    with the same remaining pause, and the analysis interval where it was."""
+
+    step: int  # index of the current step; len(steps) means every step is done
+    step_started_at: float
+    weight: int  # the canary's share of traffic (percent) in force
+    promotes_seen: int = 0  # `promote` requests acted upon (the API counts them on the cluster)
+    interval_started_at: float | None = None
+    baseline: dict[str, BackendCounters] = field(default_factory=dict)  # counters at the interval start
+    passed_intervals: int = 0
+    failed_intervals: int = 0
+    inconclusive_intervals: int = 0
+    last_analysis: AnalysisFigures | None = None
+
+    def with_changes(self, **changes: Any) -> CanaryState:
+        return replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "step": self.step,
+                "stepStartedAt": self.step_started_at,
+                "weight": self.weight,
+                "promotesSeen": self.promotes_seen,
+                "intervalStartedAt": self.interval_started_at,
+                "baseline": {name: counters.to_json() for name, counters in self.baseline.items()},
+                "passedIntervals": self.passed_intervals,
+                "failedIntervals": self.failed_intervals,
+                "inconclusiveIntervals": self.inconclusive_intervals,
+                "lastAnalysis": self.last_analysis.to_json() if self.last_analysis else None,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> CanaryState:
+        data = json.loads(text)
+        last = data.get("lastAnalysis")
+        return cls(
+            step=data["step"],
+            step_started_at=data["stepStartedAt"],
+            weight=data["weight"],
+            promotes_seen=data.get("promotesSeen", 0),
+            interval_started_at=data.get("intervalStartedAt"),
+            baseline={name: BackendCounters.from_json(c) for name, c in data.get("baseline", {}).items()},
+            passed_intervals=data.get("passedIntervals", 0),
+            failed_intervals=data.get("failedIntervals", 0),
+            inconclusive_intervals=data.get("inconclusiveIntervals", 0),
+            last_analysis=AnalysisFigures.from_json(last) if last else None,
+        )
+
+
+@dataclass(frozen=True)
 class ClusterRecord:
     """One Ray cluster as servekeeper stored it. Written before anything is started."""
 
@@ -159,6 +261,12 @@ class ClusterRecord:
     drain_started_at: float | None = None
     failure_reason: str | None = None
     package_hash: str | None = None
+    canary: CanaryState | None = None  # set once traffic started moving to this pending cluster
+    # Operator commands, written by the API only (counters and flags: one given while a tick
+    # runs is seen by the next tick, never overwritten).
+    promote_requests: int = 0
+    promote_full: bool = False
+    abort_requested: bool = False
 
     def with_changes(self, **changes: Any) -> ClusterRecord:
         return replace(self, **changes)
@@ -293,6 +401,13 @@ class IngressRouteObservation:
     active: str | None
     upstreams: frozenset[str]
     inflight: dict[str, int] = field(default_factory=dict)
+    weights: dict[str, int] = field(default_factory=dict)  # empty: only `active` carries traffic
+    preview: str | None = None  # the backend the preview port sends to
+
+    def weight_of(self, name: str) -> int:
+        if self.weights:
+            return self.weights.get(name, 0)
+        return 100 if name == self.active else 0
 
 
 @dataclass(frozen=True)
@@ -300,6 +415,8 @@ class Observation:
     clusters: dict[str, ClusterObservation]
     route: IngressRouteObservation | None  # None when the ingress has no route for the service
     ingress_ok: bool = True
+    # Per backend (cluster), read only while a canary is analysed; None: not read or unreadable.
+    backend_counters: dict[str, BackendCounters] | None = None
 
 
 @dataclass(frozen=True)
@@ -309,3 +426,20 @@ class Event:
     type: str  # "Normal" | "Warning"
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class Revision:
+    """One generation of a service as it was applied, and how its rollout ended."""
+
+    service: str
+    revision: int  # the generation
+    spec_json: str
+    spec_hash: str
+    package_hash: str | None
+    created_at: float
+    cause: str  # "apply", "undo to revision 3", ...
+    outcome: str  # Progressing | Succeeded | Failed | Aborted | Superseded
+    ended_at: float | None = None
+    ended_by: str | None = None
+    message: str | None = None

@@ -12,6 +12,7 @@ the write lock before its first read, so a read-modify-write (`apply_spec`, `mar
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -22,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from servekeeper.status import (
+    CanaryState,
     ClusterPorts,
     ClusterRecord,
     ClusterRole,
     Condition,
     Event,
+    Revision,
     ServiceRecord,
 )
 
@@ -97,9 +100,34 @@ MIGRATIONS: list[str] = [
     ALTER TABLE submissions ADD COLUMN document_json TEXT;
     ALTER TABLE clusters ADD COLUMN good_config_hash TEXT;
     """,
+    # 5: progressive delivery: a canary's progress (controller-owned) and the commands an
+    #    operator gave it (API-owned counters, so that a command given mid-tick is never lost);
+    #    one row per generation of a service, for history and undo
+    """
+    ALTER TABLE clusters ADD COLUMN canary_json TEXT;
+    ALTER TABLE clusters ADD COLUMN promote_requests INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE clusters ADD COLUMN promote_full INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE clusters ADD COLUMN abort_requested INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE revisions (
+        service TEXT NOT NULL,
+        revision INTEGER NOT NULL,
+        spec_json TEXT NOT NULL,
+        spec_hash TEXT NOT NULL,
+        package_hash TEXT,
+        created_at REAL NOT NULL,
+        cause TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        ended_at REAL,
+        ended_by TEXT,
+        message TEXT,
+        PRIMARY KEY (service, revision)
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
+PROGRESSING = "Progressing"  # a revision's outcome while it rolls out
+SUPERSEDED = "Superseded"
 EVENTS_KEPT_PER_SERVICE = 500
 BUSY_TIMEOUT_MS = 10_000
 
@@ -246,11 +274,18 @@ class Store:
             tx.put_service(service)
 
     def apply_spec(
-        self, name: str, spec_json: str, now: float, package_hash: str | None = None
+        self,
+        name: str,
+        spec_json: str,
+        now: float,
+        package_hash: str | None = None,
+        cause: str = "apply",
+        history_limit: int = 10,
     ) -> tuple[ServiceRecord, bool]:
         """Store a new desired spec. The generation moves only when the spec or the code
         package changed (or the service was being deleted): a code-only change is a new
-        generation too. Returns the stored record and whether anything was written."""
+        generation too, and each generation is a revision in the service's history (`cause`
+        says what made it). Returns the stored record and whether anything was written."""
         with self.transaction() as tx:
             current = tx.get_service(name)
             if current is None:
@@ -264,6 +299,7 @@ class Store:
                     spec_json=spec_json, generation=current.generation + 1, deleting=False, package_hash=package_hash
                 )
             tx.put_service(service)
+            tx.add_revision(service, cause, now, history_limit)
         return service, True
 
     def mark_deleting(self, name: str) -> ServiceRecord | None:
@@ -308,7 +344,10 @@ class Store:
                     "DELETE FROM services WHERE name = ? AND generation = ? AND deleting = 1",
                     (name, expected_generation),
                 )
-            return tx.changes() > 0
+            deleted = tx.changes() > 0
+            if deleted:
+                tx.execute("DELETE FROM revisions WHERE service = ?", (name,))
+            return deleted
 
     # -- clusters ------------------------------------------------------------------------
 
@@ -332,6 +371,29 @@ class Store:
             if current is None:
                 raise KeyError(name)
             updated = current.with_changes(**changes)
+            tx.put_cluster(updated)
+        return updated
+
+    def request_promote(self, service: str, full: bool) -> ClusterRecord | None:
+        """Count a `promote` on the service's pending cluster (None: there is none)."""
+        with self.transaction() as tx:
+            pending = tx.pending_cluster(service)
+            if pending is None:
+                return None
+            if full:
+                updated = pending.with_changes(promote_full=True)
+            else:
+                updated = pending.with_changes(promote_requests=pending.promote_requests + 1)
+            tx.put_cluster(updated)
+        return updated
+
+    def request_abort(self, service: str) -> ClusterRecord | None:
+        """Flag the service's pending cluster for abort (None: there is none)."""
+        with self.transaction() as tx:
+            pending = tx.pending_cluster(service)
+            if pending is None:
+                return None
+            updated = pending.with_changes(abort_requested=True)
             tx.put_cluster(updated)
         return updated
 
@@ -393,6 +455,26 @@ class Store:
         rows = self._read("SELECT cluster, config_hash, time FROM submissions ORDER BY id")
         return [(r["cluster"], r["config_hash"], r["time"]) for r in rows]
 
+    # -- revisions -----------------------------------------------------------------------
+
+    def list_revisions(self, service: str) -> list[Revision]:
+        rows = self._read("SELECT * FROM revisions WHERE service = ? ORDER BY revision", (service,))
+        return [_revision_from_row(row) for row in rows]
+
+    def get_revision(self, service: str, revision: int) -> Revision | None:
+        rows = self._read("SELECT * FROM revisions WHERE service = ? AND revision = ?", (service, revision))
+        return _revision_from_row(rows[0]) if rows else None
+
+    def end_revision(self, service: str, revision: int, outcome: str, ended_by: str, message: str, now: float) -> bool:
+        """Record how a revision's rollout ended, once: the first ending stands."""
+        with self.transaction() as tx:
+            tx.execute(
+                "UPDATE revisions SET outcome = ?, ended_by = ?, message = ?, ended_at = ? "
+                "WHERE service = ? AND revision = ? AND outcome = ?",
+                (outcome, ended_by, message, now, service, revision, PROGRESSING),
+            )
+            return tx.changes() > 0
+
     def get_fact(self, key: str) -> Any:
         rows = self._read("SELECT value_json FROM facts WHERE key = ?", (key,))
         return json.loads(rows[0][0]) if rows else None
@@ -427,6 +509,38 @@ class _Tx:
 
     def schema_version(self) -> int:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def pending_cluster(self, service: str) -> ClusterRecord | None:
+        row = self._db.execute(
+            "SELECT * FROM clusters WHERE service = ? AND role = ? ORDER BY created_at DESC, name DESC LIMIT 1",
+            (service, ClusterRole.PENDING.value),
+        ).fetchone()
+        return _cluster_from_row(row) if row else None
+
+    def add_revision(self, service: ServiceRecord, cause: str, now: float, limit: int) -> None:
+        """A new generation: the one still rolling out is superseded, the oldest beyond `limit` go."""
+        self._db.execute(
+            "UPDATE revisions SET outcome = ?, ended_by = ?, ended_at = ? WHERE service = ? AND outcome = ?",
+            (SUPERSEDED, f"revision {service.generation}", now, service.name, PROGRESSING),
+        )
+        spec_hash = hashlib.sha256(service.spec_json.encode()).hexdigest()[:16]
+        self._db.execute(
+            "INSERT OR REPLACE INTO revisions (service, revision, spec_json, spec_hash, package_hash, created_at, "
+            "cause, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                service.name,
+                service.generation,
+                service.spec_json,
+                spec_hash,
+                service.package_hash,
+                now,
+                cause,
+                PROGRESSING,
+            ),
+        )
+        self._db.execute(
+            "DELETE FROM revisions WHERE service = ? AND revision <= ?", (service.name, service.generation - limit)
+        )
 
     def get_service(self, name: str) -> ServiceRecord | None:
         return _select_service(self._db, name)
@@ -474,8 +588,9 @@ class _Tx:
             "INSERT OR REPLACE INTO clusters (name, service, generation, cluster_spec_hash, cluster_spec_json, "
             "role, ports_json, temp_dir, log_dir, created_at, head_pid, worker_pids_json, "
             "submitted_config_hash, applied_config_hash, config_submitted_at, ready_at, drain_started_at, "
-            "failure_reason, package_hash, good_config_hash) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "failure_reason, package_hash, good_config_hash, canary_json, promote_requests, promote_full, "
+            "abort_requested) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 c.name,
                 c.service,
@@ -497,6 +612,10 @@ class _Tx:
                 c.failure_reason,
                 c.package_hash,
                 c.good_config_hash,
+                c.canary.to_json() if c.canary is not None else None,
+                c.promote_requests,
+                int(c.promote_full),
+                int(c.abort_requested),
             ),
         )
 
@@ -542,6 +661,22 @@ def _service_from_row(row: sqlite3.Row) -> ServiceRecord:
     )
 
 
+def _revision_from_row(row: sqlite3.Row) -> Revision:
+    return Revision(
+        service=row["service"],
+        revision=row["revision"],
+        spec_json=row["spec_json"],
+        spec_hash=row["spec_hash"],
+        package_hash=row["package_hash"],
+        created_at=row["created_at"],
+        cause=row["cause"],
+        outcome=row["outcome"],
+        ended_at=row["ended_at"],
+        ended_by=row["ended_by"],
+        message=row["message"],
+    )
+
+
 def _cluster_from_row(row: sqlite3.Row) -> ClusterRecord:
     return ClusterRecord(
         name=row["name"],
@@ -564,4 +699,8 @@ def _cluster_from_row(row: sqlite3.Row) -> ClusterRecord:
         failure_reason=row["failure_reason"],
         package_hash=row["package_hash"],
         good_config_hash=row["good_config_hash"],
+        canary=CanaryState.from_json(row["canary_json"]) if row["canary_json"] else None,
+        promote_requests=row["promote_requests"],
+        promote_full=bool(row["promote_full"]),
+        abort_requested=bool(row["abort_requested"]),
     )

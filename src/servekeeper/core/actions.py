@@ -37,10 +37,23 @@ class UpdateCluster:
 @dataclass(frozen=True)
 class SetRoute:
     """Point the service's ingress port at `active`; `upstreams` also lists clusters still
-    draining, so the ingress keeps counting their in-flight requests."""
+    draining, so the ingress keeps counting their in-flight requests. A canary takes
+    `canary_weight` percent of the traffic from `active`; `preview` is the cluster the
+    preview port sends to."""
 
     active: str
     upstreams: tuple[str, ...]
+    canary: str | None = None
+    canary_weight: int = 0
+    preview: str | None = None
+
+    def weights(self) -> dict[str, int]:
+        weights = dict.fromkeys(self.upstreams, 0)
+        canary_weight = self.canary_weight if self.canary is not None else 0
+        weights[self.active] = 100 - canary_weight
+        if self.canary is not None and canary_weight > 0:
+            weights[self.canary] = canary_weight
+        return weights
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from servekeeper.core import canary
 from servekeeper.core.actions import (
     Action,
     CreateCluster,
@@ -22,11 +23,12 @@ from servekeeper.core.actions import (
 )
 from servekeeper.core.health import Verdict, health, judged_apps, readiness, switch_allowed
 from servekeeper.core.serve_config import desired_config_hash
-from servekeeper.spec import RayClusterConfigSpec, ServiceSpec
+from servekeeper.spec import CanarySpec, RayClusterConfigSpec, ServiceSpec
 from servekeeper.status import (
     FAILED_APP_STATUSES,
     AppSource,
     AppStatus,
+    CanaryState,
     ClusterObservation,
     ClusterRecord,
     ClusterRole,
@@ -184,7 +186,7 @@ class _Planner:
         the controller stopped between the switch and recording it. Record it now."""
         pending = self._one(ClusterRole.PENDING)
         route = self.observation.route
-        if pending is not None and route is not None and route.active == pending.name:
+        if pending is not None and route is not None and route.weight_of(pending.name) >= 100:
             self._promote(pending)
 
     def _promote(self, pending: ClusterRecord) -> None:
@@ -195,6 +197,8 @@ class _Planner:
         self._event("TrafficSwitched", f"100% of traffic now goes to cluster {pending.name}")
 
     def _pending_failure(self, pending: ClusterRecord, observed: ClusterObservation) -> str | None:
+        if pending.abort_requested:
+            return "Aborted: by `servekeeper abort`"
         if pending.failure_reason:
             return pending.failure_reason
         if pending.head_pid is not None and not observed.processes_alive:
@@ -207,7 +211,7 @@ class _Planner:
                 if app.status in FAILED_APP_STATUSES:
                     return f"AppFailed: application {name!r} is {app.status.value}: {app.message}".rstrip(": ")
         age = self.now - pending.created_at
-        if age > self.spec.spec.readinessTimeoutSeconds:
+        if pending.canary is None and age > self.spec.spec.readinessTimeoutSeconds:
             verdict = self._switch_verdict(observed)
             return (
                 f"ReadinessTimeout: pending cluster {pending.name} not ready after "
@@ -216,11 +220,13 @@ class _Planner:
         return None
 
     def _advance_pending(self, pending: ClusterRecord) -> None:
-        if pending.cluster_spec_hash != self.desired_cluster_hash:
-            self._delete(pending, "SpecChanged")
+        # A canary runs one generation's spec: a newer one starts over on a cluster of its own.
+        superseded_canary = pending.canary is not None and pending.generation != self.service.generation
+        if pending.cluster_spec_hash != self.desired_cluster_hash or superseded_canary:
+            self._retire(pending, "SpecChanged")
             self._event(
                 "PendingClusterReplaced",
-                f"the cluster spec changed while {pending.name} was coming up; replacing it",
+                f"the spec changed while {pending.name} was coming up or in canary; replacing it",
             )
             return
         observed = self._observed(pending)
@@ -238,10 +244,64 @@ class _Planner:
         verdict = self._switch_verdict(observed)
         if verdict.ok:
             active = self._one(ClusterRole.ACTIVE)
-            draining = [c.name for c in self._with_role(ClusterRole.DRAINING)]
-            upstreams = (pending.name,) + ((active.name,) if active else ()) + tuple(draining)
-            self._do(SetRoute(active=pending.name, upstreams=upstreams))
-            self._promote(pending)
+            if active is not None and self._canary_applies(pending, active):
+                self._advance_canary(pending, active)
+            else:
+                self._switch_all_traffic(pending)
+
+    def _switch_all_traffic(self, pending: ClusterRecord) -> None:
+        active = self._one(ClusterRole.ACTIVE)
+        draining = [c.name for c in self._with_role(ClusterRole.DRAINING)]
+        upstreams = (pending.name,) + ((active.name,) if active else ()) + tuple(draining)
+        self._do(SetRoute(active=pending.name, upstreams=upstreams))
+        self._promote(pending)
+
+    def _canary_applies(self, pending: ClusterRecord, active: ClusterRecord) -> bool:
+        """Steps for a new generation beside a healthy active; a replacement of a broken active
+        (or a first cluster) takes all the traffic at once."""
+        if pending.canary is not None:
+            return True
+        strategy = self.spec.spec.upgradeStrategy
+        return (
+            strategy.type == "Canary"
+            and strategy.canary is not None
+            and active.generation < pending.generation
+            and self.plan.service.unhealthy_since is None
+        )
+
+    def _advance_canary(self, pending: ClusterRecord, active: ClusterRecord) -> None:
+        strategy = self.spec.spec.upgradeStrategy.canary
+        if strategy is None:  # the spec changed to another strategy mid-canary: finish at once
+            self._switch_all_traffic(pending)
+            return
+        state = pending.canary or canary.start(self.now)
+        if pending.canary is None:
+            self._event(
+                "CanaryStarted", f"canary {pending.name} is ready: {len(strategy.steps)} steps beside {active.name}"
+            )
+        commands = canary.CanaryCommands(pending.promote_requests, pending.promote_full, pending.abort_requested)
+        decision = canary.advance(
+            strategy, state, commands, self.observation.backend_counters, pending.name, active.name, self.now
+        )
+        for reason, message, warning in decision.events:
+            self._event(reason, message, warning)
+        pending = pending.with_changes(canary=decision.state)
+        self.clusters[pending.name] = pending
+        if decision.outcome == canary.ABORT:
+            self._fail_rollout(pending, decision.reason)
+            return
+        if decision.outcome == canary.PROMOTE:
+            self._do(UpdateCluster(pending.name, {"canary": decision.state}))
+            self._switch_all_traffic(pending)
+            return
+        route_action = self._desired_route_action()
+        if route_action is not None and (decision.state.weight != state.weight or self.observation.route is None):
+            self._do(route_action)  # the ingress first, then the step is recorded
+        if decision.state != state or pending.canary is None:
+            self._do(UpdateCluster(pending.name, {"canary": decision.state}))
+
+    def _canary_status(self, name: str, state: CanaryState, strategy: CanarySpec) -> str:
+        return _canary_status_line(name, state, strategy, self.now)
 
     def _switch_verdict(self, observed: ClusterObservation) -> Verdict:
         return switch_allowed(self.gate, observed, self.declared, self.all_apps)
@@ -282,15 +342,31 @@ class _Planner:
         verb = "restoring the last good" if restore else "submitted"
         self._event("ConfigSubmitted", f"Serve config {config_hash} {verb} to {cluster.name}")
 
+    def _retire(self, pending: ClusterRecord, why: str) -> None:
+        """Take a pending cluster out: at once when it never had traffic; drained (weight 0
+        first, deleted once idle) when a canary or the preview port sent it requests."""
+        route = self.observation.route
+        routed = pending.canary is not None or (route is not None and pending.name in route.upstreams)
+        if not routed:
+            self._delete(pending, why)
+            return
+        self.clusters[pending.name] = pending.with_changes(role=ClusterRole.DRAINING, drain_started_at=self.now)
+        route_action = self._desired_route_action()
+        if route_action is not None:
+            self._do(route_action)
+        changes = {"role": ClusterRole.DRAINING, "drain_started_at": self.now, "canary": pending.canary}
+        self._do(UpdateCluster(pending.name, changes))
+
     def _fail_rollout(self, pending: ClusterRecord, reason: str) -> None:
-        self._delete(pending, "RolloutFailed")
+        self._retire(pending, "RolloutFailed")
         if pending.generation == self.service.generation:
             # Recorded per generation: the same spec is not retried blindly; a new apply retries.
             self._update_service(failed_generation=self.service.generation, failure_reason=reason)
         # A failed replacement of an unhealthy cluster waits a full threshold before the next try.
         if self.plan.service.unhealthy_since is not None:
             self._update_service(unhealthy_since=self.now)
-        self._event("RolloutFailed", reason, warning=True)
+        aborted = reason.startswith(("Aborted", "AnalysisFailed"))
+        self._event("RolloutAborted" if aborted else "RolloutFailed", reason, warning=True)
 
     def _maintain_active(self) -> None:
         active = self._one(ClusterRole.ACTIVE)
@@ -311,8 +387,9 @@ class _Planner:
         verdict = health(observed, self.declared, self.all_apps)
         self._track_health(verdict)
         if active.cluster_spec_hash != self.desired_cluster_hash:
-            if self.spec.spec.upgradeStrategy.type == "NewCluster" and not self._rollout_failed:
-                self._create(ClusterRole.PENDING, "ClusterSpecChanged")
+            if self.spec.spec.upgradeStrategy.type != "None" and not self._rollout_failed:
+                if not self._switch_back_to_kept(active):
+                    self._create(ClusterRole.PENDING, "ClusterSpecChanged")
             return
         unhealthy_since = self.plan.service.unhealthy_since
         threshold = self.spec.spec.serviceUnhealthySecondThreshold
@@ -324,10 +401,34 @@ class _Planner:
             self._create(ClusterRole.PENDING, f"ActiveUnhealthy: {verdict.reason}: {verdict.message}")
             return
         if active.applied_config_hash != self.desired_config_hash and not self._rollout_failed:
-            if self.spec.spec.serveConfigUpdate == "NewCluster":
+            if self._switch_back_to_kept(active):
+                return
+            if self.spec.spec.rolls_config_changes_on_new_cluster:
                 self._create(ClusterRole.PENDING, "ServeConfigChanged")
             elif observed.dashboard_ok:
                 self._apply_config(active, observed)
+
+    def _switch_back_to_kept(self, active: ClusterRecord) -> bool:
+        """A cluster still kept after a switch (rollback window, or draining) already runs what
+        is desired now (an `undo`): traffic goes back to it at once, no new cluster."""
+        for kept in reversed(self._with_role(ClusterRole.DRAINING)):
+            observed = self._observed(kept)
+            if (
+                kept.cluster_spec_hash == self.desired_cluster_hash
+                and kept.applied_config_hash == self.desired_config_hash
+                and observed.deployed_config_hash == self.desired_config_hash
+                and self._switch_verdict(observed).ok
+            ):
+                self.clusters[kept.name] = kept.with_changes(role=ClusterRole.ACTIVE)
+                self.clusters[active.name] = active.with_changes(role=ClusterRole.DRAINING)
+                route_action = self._desired_route_action()
+                if route_action is not None:
+                    self._do(route_action)
+                self._update_cluster(active, role=ClusterRole.DRAINING, drain_started_at=self.now)
+                self._update_cluster(kept, role=ClusterRole.ACTIVE, drain_started_at=None, ready_at=self.now)
+                self._event("TrafficSwitchedBack", f"100% of traffic back on kept cluster {kept.name}; no new cluster")
+                return True
+        return False
 
     def _in_place_failed(self, active: ClusterRecord, observed: ClusterObservation) -> bool:
         """The desired config runs on the active cluster and one of its apps failed: the
@@ -372,28 +473,58 @@ class _Planner:
         self._do(CreateCluster(role=role, reason=reason))
         self._event("ClusterCreating", f"creating a {role.value} cluster ({reason})")
 
-    def _desired_upstreams(self, active: ClusterRecord) -> tuple[str, ...]:
-        return (active.name,) + tuple(c.name for c in self._with_role(ClusterRole.DRAINING))
-
-    def _maintain_route(self) -> None:
+    def _desired_route_action(self) -> SetRoute | None:
+        """The route as the clusters' roles (as planned so far) want it: the active takes what
+        a canary does not; draining clusters stay listed at 0 so their in-flight requests are
+        counted; the preview port goes to the pending cluster."""
         active = self._one(ClusterRole.ACTIVE)
         if active is None:
-            return
+            return None
+        pending = self._one(ClusterRole.PENDING)
+        canary_weight = pending.canary.weight if pending is not None and pending.canary is not None else 0
+        preview = None
+        if pending is not None and self.spec.spec.ingress.previewPort is not None and pending.head_pid is not None:
+            preview = pending.name
+        upstreams = [active.name]
+        if pending is not None and (canary_weight > 0 or preview is not None):
+            upstreams.append(pending.name)
+        upstreams += [c.name for c in self._with_role(ClusterRole.DRAINING)]
+        return SetRoute(
+            active=active.name,
+            upstreams=tuple(upstreams),
+            canary=pending.name if pending is not None and canary_weight > 0 else None,
+            canary_weight=canary_weight,
+            preview=preview,
+        )
+
+    def _maintain_route(self) -> None:
         if not self.observation.ingress_ok:
             return  # the data plane could not be read: nothing is known to be wrong with it
-        wanted = self._desired_upstreams(active)
+        wanted = self._desired_route_action()
+        if wanted is None:
+            return
         route = self.observation.route
-        if route is None or route.active != active.name or route.upstreams != frozenset(wanted):
-            if not any(isinstance(action, SetRoute) for action in self.plan.actions):
-                self._do(SetRoute(active=active.name, upstreams=wanted))
+        differs = (
+            route is None
+            or route.upstreams != frozenset(wanted.upstreams)
+            or any(route.weight_of(name) != weight for name, weight in wanted.weights().items())
+            or route.preview != wanted.preview
+        )
+        if differs and not any(isinstance(action, SetRoute) for action in self.plan.actions):
+            self._do(wanted)
 
     def _drain(self) -> None:
         route = self.observation.route
-        deadline = self.spec.spec.rayClusterDeletionDelaySeconds
+        window = self.spec.spec.rollbackWindowSeconds
         removed = []
         for cluster in self._with_role(ClusterRole.DRAINING):
             started = cluster.drain_started_at if cluster.drain_started_at is not None else self.now
             elapsed = self.now - started
+            # A cluster that served as active is kept (no traffic) for the rollback window.
+            kept_for = window if cluster.ready_at is not None else 0.0
+            if elapsed < kept_for:
+                continue
+            deadline = max(self.spec.spec.rayClusterDeletionDelaySeconds, kept_for)
             counted = self.observation.ingress_ok and route is not None and cluster.name in route.upstreams
             idle = counted and route is not None and route.inflight.get(cluster.name, 0) == 0
             if idle and elapsed >= min(MIN_DRAIN_SECONDS, deadline):
@@ -403,12 +534,12 @@ class _Planner:
                 removed.append((cluster, f"deletion delay of {deadline:g}s reached ({inflight} in flight)"))
         if not removed:
             return
-        active = self._one(ClusterRole.ACTIVE)
-        removed_names = {cluster.name for cluster, _ in removed}
-        if active is not None:
-            # Take them out of the ingress first, then stop them.
-            upstreams = tuple(n for n in self._desired_upstreams(active) if n not in removed_names)
-            self._do(SetRoute(active=active.name, upstreams=upstreams))
+        for cluster, _ in removed:
+            self.clusters[cluster.name] = cluster.with_changes(role=ClusterRole.DELETING)
+        # Take them out of the ingress first, then stop them.
+        route_action = self._desired_route_action()
+        if route_action is not None:
+            self._do(route_action)
         for cluster, why in removed:
             self._delete(cluster, "Drained")
             self._event("ClusterDrained", f"deleting old cluster {cluster.name}: {why}")
@@ -428,7 +559,11 @@ class _Planner:
             ready = (False, "NoActiveCluster", "no cluster serves this service yet")
         conditions.append((ConditionType.READY, *ready))
 
-        if pending is not None:
+        strategy = self.spec.spec.upgradeStrategy.canary
+        if pending is not None and pending.canary is not None and strategy is not None:
+            message = self._canary_status(pending.name, pending.canary, strategy)
+            conditions.append((ConditionType.UPGRADE_IN_PROGRESS, True, "CanaryInProgress", message))
+        elif pending is not None:
             verdict = self._switch_verdict(self._observed(pending))
             message = f"waiting for {pending.name}: {verdict.reason}" + (
                 f": {verdict.message}" if verdict.message else ""
@@ -488,6 +623,18 @@ class _Planner:
         )
         if rolled_out or self._rollout_failed or outdated:
             self._update_service(observed_generation=service.generation)
+
+
+def _canary_status_line(name: str, state: CanaryState, strategy: CanarySpec, now: float) -> str:
+    remaining = canary.pause_remaining(strategy, state, now)
+    left = f", {remaining:.0f}s left" if remaining is not None else ""
+    line = f"canary {name} at {state.weight}% ({canary.describe_step(strategy, state)}{left})"
+    if strategy.analysis is not None:
+        line += (
+            f"; analysis: {state.passed_intervals} passed, {state.failed_intervals} failed, "
+            f"{state.inconclusive_intervals} inconclusive"
+        )
+    return line
 
 
 def plan(

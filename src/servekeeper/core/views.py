@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from servekeeper.core import canary
 from servekeeper.spec import RayClusterConfigSpec, ServiceSpec
-from servekeeper.status import ClusterRecord, ClusterRole, Event, Observation, ServiceRecord
+from servekeeper.status import CanaryState, ClusterRecord, ClusterRole, Event, Observation, ServiceRecord
 
 
 def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffic_percent: int) -> dict[str, Any]:
@@ -67,6 +68,7 @@ def service_view(
     ingress_port: int,
     clusters: list[ClusterRecord],
     observation: Observation | None,
+    now: float | None = None,
 ) -> dict[str, Any]:
     def pick(role: ClusterRole) -> ClusterRecord | None:
         found = [c for c in clusters if c.role == role]
@@ -74,7 +76,15 @@ def service_view(
 
     active = pick(ClusterRole.ACTIVE)
     pending = pick(ClusterRole.PENDING)
-    routed = observation.route.active if observation and observation.route else None
+    route = observation.route if observation else None
+    routed = route.active if route else None
+
+    def traffic(cluster: ClusterRecord) -> int:
+        return route.weight_of(cluster.name) if route is not None else 0
+
+    pending_view = cluster_view(pending, observation, traffic(pending)) if pending else None
+    if pending is not None and pending_view is not None and pending.canary is not None:
+        pending_view["canary"] = canary_view(service, pending.canary, now)
     return {
         "name": service.name,
         "generation": service.generation,
@@ -82,14 +92,38 @@ def service_view(
         "deleting": service.deleting,
         "conditions": [c.to_json() for c in service.conditions],
         "ingress": {"url": f"http://127.0.0.1:{ingress_port}", "port": ingress_port, "routedTo": routed},
-        "activeCluster": cluster_view(active, observation, 100 if routed == active.name else 0) if active else None,
-        "pendingCluster": cluster_view(pending, observation, 0) if pending else None,
+        "activeCluster": cluster_view(active, observation, traffic(active)) if active else None,
+        "pendingCluster": pending_view,
         "otherClusters": [
-            cluster_view(c, observation, 0) for c in clusters if c.role in (ClusterRole.DRAINING, ClusterRole.DELETING)
+            cluster_view(c, observation, traffic(c))
+            for c in clusters
+            if c.role in (ClusterRole.DRAINING, ClusterRole.DELETING)
         ],
         "failureReason": service.failure_reason if service.failed_generation == service.generation else None,
         "declaredApplications": _declared_apps(service),
     }
+
+
+def canary_view(service: ServiceRecord, state: CanaryState, now: float | None) -> dict[str, Any]:
+    """Where a canary is: weight, step, the pause left, and the analysis so far."""
+    view: dict[str, Any] = {
+        "weight": state.weight,
+        "step": state.step,
+        "stepStartedAt": state.step_started_at,
+        "passedIntervals": state.passed_intervals,
+        "failedIntervals": state.failed_intervals,
+        "inconclusiveIntervals": state.inconclusive_intervals,
+        "lastAnalysis": state.last_analysis.to_json() if state.last_analysis else None,
+    }
+    try:
+        strategy = ServiceSpec.model_validate_json(service.spec_json).spec.upgradeStrategy.canary
+    except ValueError:
+        strategy = None
+    if strategy is not None:
+        view["steps"] = len(strategy.steps)
+        view["stepDescription"] = canary.describe_step(strategy, state)
+        view["pauseRemainingSeconds"] = canary.pause_remaining(strategy, state, now) if now is not None else None
+    return view
 
 
 def event_view(event: Event) -> dict[str, Any]:

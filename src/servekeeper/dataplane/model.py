@@ -58,6 +58,10 @@ class ServiceRoute:
     max_request_bytes: int = 64 * 1024 * 1024
     request_timeout_s: float = 0  # 0: no limit, so long streams are never cut
     idle_timeout_s: float = 300
+    # A second HTTP port that sends every request to one backend (a pending cluster, for smoke
+    # tests before any user traffic moves), whatever its weight; with no backend it answers 503.
+    preview_port: int | None = None
+    preview_backend: str | None = None
 
     def __post_init__(self) -> None:
         check_name("service", self.service)
@@ -74,8 +78,27 @@ class ServiceRoute:
             missing = [b.name for b in self.backends if not b.grpc and self.weights[b.name] > 0]
             if missing:
                 raise DataPlaneError(f"service {self.service}: backends {missing} carry traffic but have no gRPC")
+        self._check_preview(names)
         if self.max_request_bytes <= 0 or self.request_timeout_s < 0 or self.idle_timeout_s < 0:
             raise DataPlaneError(f"service {self.service}: limits must be positive")
+
+    def listener_ports(self) -> list[int]:
+        """Every port Envoy binds for this service."""
+        return [port for port in (self.port, self.grpc_port, self.preview_port) if port is not None]
+
+    def _check_preview(self, names: list[str]) -> None:
+        if self.preview_port is None:
+            if self.preview_backend is not None:
+                raise DataPlaneError(
+                    f"service {self.service}: preview_backend {self.preview_backend} has no preview_port"
+                )
+            return
+        if self.preview_port in (self.port, self.grpc_port):
+            raise DataPlaneError(f"service {self.service}: preview_port {self.preview_port} equals port or grpc_port")
+        if self.preview_backend is not None and self.preview_backend not in names:
+            raise DataPlaneError(
+                f"service {self.service}: preview_backend {self.preview_backend} is not one of the backends {names}"
+            )
 
 
 @dataclass(frozen=True)
@@ -98,7 +121,9 @@ class RouteObservation:
         return max(carrying)[1] if carrying else None
 
     def to_ingress(self) -> IngressRouteObservation:
-        return IngressRouteObservation(active=self.active, upstreams=self.backends, inflight=dict(self.inflight))
+        return IngressRouteObservation(
+            active=self.active, upstreams=self.backends, inflight=dict(self.inflight), weights=dict(self.weights)
+        )
 
 
 @dataclass(frozen=True)
@@ -113,6 +138,8 @@ class BackendStats:
     rq_active: int = 0
     # Upstream request time: cumulative counts per bucket upper bound in milliseconds.
     latency_ms_buckets: dict[float, int] = field(default_factory=dict)
+    # Which processes these sums come from (their pids): counters compare only within one epoch.
+    epoch: str = ""
 
 
 def route_to_json(route: ServiceRoute) -> dict[str, Any]:
@@ -124,6 +151,8 @@ def route_to_json(route: ServiceRoute) -> dict[str, Any]:
         "max_request_bytes": route.max_request_bytes,
         "request_timeout_s": route.request_timeout_s,
         "idle_timeout_s": route.idle_timeout_s,
+        "preview_port": route.preview_port,
+        "preview_backend": route.preview_backend,
         "backends": [
             {
                 "name": b.name,
@@ -154,6 +183,9 @@ def route_from_json(data: Mapping[str, Any]) -> ServiceRoute:
             max_request_bytes=data["max_request_bytes"],
             request_timeout_s=data["request_timeout_s"],
             idle_timeout_s=data["idle_timeout_s"],
+            # Routes stored before previews existed have neither key.
+            preview_port=data.get("preview_port"),
+            preview_backend=data.get("preview_backend"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DataPlaneError(f"unreadable stored route: {exc!r}") from exc

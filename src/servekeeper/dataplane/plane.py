@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -117,6 +118,8 @@ class DataPlane:
                 self._check_port_free(route.port, route.service)
             if route.grpc_port is not None and (previous is None or previous.grpc_port != route.grpc_port):
                 self._check_port_free(route.grpc_port, route.service)
+            if route.preview_port is not None and (previous is None or previous.preview_port != route.preview_port):
+                self._check_port_free(route.preview_port, route.service)
             await self._push({**self._routes, route.service: route})
 
     async def remove_route(self, service: str) -> None:
@@ -132,7 +135,16 @@ class DataPlane:
         return observe_routes(answers)
 
     async def backend_stats(self) -> dict[str, BackendStats]:
-        return sum_backend_stats(await self._read_all(lambda admin, port: admin.stats(port)))
+        """Per backend, counters summed over the processes, tagged with the processes' pids: a
+        process that restarted starts its counters at 0, so sums of two epochs never compare."""
+        epoch = self._epoch()
+        stats = sum_backend_stats(await self._read_all(lambda admin, port: admin.stats(port)))
+        if self._epoch() != epoch:
+            raise DataPlaneError("an Envoy process was replaced while its stats were read")
+        return {name: replace(backend, epoch=epoch) for name, backend in stats.items()}
+
+    def _epoch(self) -> str:
+        return ",".join(str(p.pid) for p in sorted(self._processes.values(), key=lambda p: p.index))
 
     async def healthy(self) -> bool:
         if len(self._processes) < self._count or not all(p.alive() for p in self._processes.values()):
@@ -200,7 +212,8 @@ class DataPlane:
         if not files.initialised():
             # A new process starts straight on the desired routes: its files are complete before it reads them.
             self._write_final(index, self._routes)
-        taken = [p.admin_port for p in self._processes.values()] + [r.port for r in self._routes.values()]
+        taken = [p.admin_port for p in self._processes.values()]
+        taken += [port for r in self._routes.values() for port in r.listener_ports()]
         admin_port = PortAllocator(taken).one()
         write_atomically(files.bootstrap, json.dumps(render_bootstrap(f"envoy-{index}", admin_port, files.dir)))
         process = spawn(
@@ -254,7 +267,7 @@ class DataPlane:
         return list(await asyncio.gather(*(read(admin, p.admin_port) for p in self._processes.values())))
 
     def _check_port_free(self, port: int, service: str) -> None:
-        if any(r.port == port or r.grpc_port == port for r in self._routes.values()) or not port_is_free(port):
+        if any(port in r.listener_ports() for r in self._routes.values()) or not port_is_free(port):
             raise DataPlaneError(f"service {service}: port {port} is already in use")
 
     # -- pushing --------------------------------------------------------------------------------

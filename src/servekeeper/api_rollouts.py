@@ -1,0 +1,128 @@
+"""Rollout commands of the daemon's API: promote, abort, undo, history.
+
+Commands are intents stored for the controller (counters and flags on the pending cluster):
+the next tick acts on them, and one given while a tick runs is never lost. `undo` is an apply
+of an earlier revision's spec and code package, as a new generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, ConfigDict
+
+from servekeeper.controller import Controller
+from servekeeper.metrics import record_applied
+from servekeeper.spec import ServiceSpec
+from servekeeper.status import Revision
+from servekeeper.store import Store
+
+SUCCEEDED = "Succeeded"
+
+
+class PromoteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    full: bool = False  # skip every remaining step and analysis
+
+
+class UndoRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    toRevision: int | None = None  # None: the last revision that rolled out before the current one
+
+
+def revision_view(revision: Revision, current: int) -> dict[str, Any]:
+    return {
+        "revision": revision.revision,
+        "current": revision.revision == current,
+        "createdAt": revision.created_at,
+        "specHash": revision.spec_hash,
+        "packageHash": revision.package_hash,
+        "cause": revision.cause,
+        "outcome": revision.outcome,
+        "endedAt": revision.ended_at,
+        "endedBy": revision.ended_by,
+        "message": revision.message,
+    }
+
+
+def undo_target(revisions: list[Revision], current: int, wanted: int | None) -> Revision:
+    """The revision `undo` rolls out; HTTPException when there is none to roll to."""
+    if wanted is not None:
+        for revision in revisions:
+            if revision.revision == wanted:
+                if wanted == current:
+                    raise HTTPException(status_code=409, detail=f"revision {wanted} is the current one")
+                return revision
+        kept = [r.revision for r in revisions]
+        raise HTTPException(status_code=404, detail=f"revision {wanted} is not in the history (kept: {kept})")
+    earlier = [r for r in revisions if r.revision < current and r.outcome == SUCCEEDED]
+    if not earlier:
+        raise HTTPException(status_code=409, detail="no earlier revision rolled out successfully; nothing to undo to")
+    return earlier[-1]
+
+
+def add_rollout_routes(
+    app: FastAPI, store: Store, controller: Controller, packaging: asyncio.Lock, packages_dir: Path | None
+) -> None:
+    def existing(name: str) -> None:
+        service = store.get_service(name)
+        if service is None or service.deleting:
+            raise HTTPException(status_code=404, detail=f"service {name!r} not found")
+
+    @app.post("/api/v1/services/{name}/promote")
+    async def promote(name: str, body: PromoteRequest) -> dict[str, Any]:
+        existing(name)
+        pending = store.request_promote(name, full=body.full)
+        if pending is None:
+            raise HTTPException(status_code=409, detail=f"service {name!r} has no rollout in progress to promote")
+        controller.wake(name)
+        return {"name": name, "cluster": pending.name, "full": body.full, "promoteRequests": pending.promote_requests}
+
+    @app.post("/api/v1/services/{name}/abort")
+    async def abort(name: str) -> dict[str, Any]:
+        existing(name)
+        pending = store.request_abort(name)
+        if pending is None:
+            raise HTTPException(status_code=409, detail=f"service {name!r} has no rollout in progress to abort")
+        controller.wake(name)
+        return {"name": name, "cluster": pending.name, "aborting": True}
+
+    @app.get("/api/v1/services/{name}/history")
+    async def history(name: str) -> dict[str, Any]:
+        service = store.get_service(name)
+        if service is None:
+            raise HTTPException(status_code=404, detail=f"service {name!r} not found")
+        revisions = store.list_revisions(name)
+        return {"name": name, "revisions": [revision_view(r, service.generation) for r in revisions]}
+
+    @app.post("/api/v1/services/{name}/undo")
+    async def undo(name: str, body: UndoRequest) -> dict[str, Any]:
+        async with packaging:  # no prune between choosing the package and storing the spec
+            service = store.get_service(name)
+            if service is None or service.deleting:
+                raise HTTPException(status_code=404, detail=f"service {name!r} not found")
+            target = undo_target(store.list_revisions(name), service.generation, body.toRevision)
+            if packages_dir is not None and target.package_hash is not None:
+                if not (packages_dir / f"{target.package_hash}.zip").exists():
+                    raise HTTPException(
+                        status_code=409, detail=f"the code package of revision {target.revision} is gone"
+                    )
+            limit = ServiceSpec.model_validate_json(target.spec_json).spec.revisionHistoryLimit
+            now = time.time()
+            with store.transaction():
+                stored, changed = store.apply_spec(
+                    name,
+                    target.spec_json,
+                    now,
+                    package_hash=target.package_hash,
+                    cause=f"undo to revision {target.revision}",
+                    history_limit=limit,
+                )
+                if changed:
+                    record_applied(store, name, stored.generation, now)
+        controller.wake(name)
+        return {"name": name, "generation": stored.generation, "changed": changed, "toRevision": target.revision}

@@ -1,0 +1,177 @@
+"""The canary step machine: where a canary is, and where it goes next. Pure.
+
+Argo-Rollouts-shaped steps: `setWeight` moves the canary's share of traffic at once and goes on;
+`pause` waits for its duration, or for `promote` when it has none. Analysis runs beside the
+steps whenever the canary has traffic: each interval's figures come from the ingress's counters,
+and more failed intervals than `failureLimit` abort the canary. Everything the machine needs to
+resume is in `CanaryState`, which the planner stores on the canary's cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from servekeeper.core.analysis import FAILED, INCONCLUSIVE, PASSED, analyse, describe, difference
+from servekeeper.spec import CanarySpec
+from servekeeper.status import BackendCounters, CanaryState
+
+CONTINUE = "continue"
+PROMOTE = "promote"  # every step done (or `promote --full`): all traffic to the canary
+ABORT = "abort"
+
+
+@dataclass(frozen=True)
+class CanaryCommands:
+    """What the operator asked of this canary (counted by the API on its cluster)."""
+
+    promote_requests: int = 0
+    promote_full: bool = False
+    abort_requested: bool = False
+
+
+@dataclass
+class CanaryDecision:
+    state: CanaryState
+    outcome: str = CONTINUE
+    reason: str = ""  # for ABORT: "Reason: message"
+    events: list[tuple[str, str, bool]] = field(default_factory=list)  # (reason, message, warning)
+
+
+def start(now: float) -> CanaryState:
+    return CanaryState(step=0, step_started_at=now, weight=0)
+
+
+def describe_step(spec: CanarySpec, state: CanaryState) -> str:
+    """ "step 2/4: pause 30s" — for status lines and the live view."""
+    total = len(spec.steps)
+    if state.step >= total:
+        return f"step {total}/{total}: done"
+    step = spec.steps[state.step]
+    if step.setWeight is not None:
+        what = f"setWeight {step.setWeight}"
+    elif step.pause is not None and step.pause.duration is not None:
+        what = f"pause {step.pause.duration:g}s"
+    else:
+        what = "pause until promote"
+    return f"step {state.step + 1}/{total}: {what}"
+
+
+def pause_remaining(spec: CanarySpec, state: CanaryState, now: float) -> float | None:
+    """Seconds left in the current timed pause (None: not in one)."""
+    if state.step >= len(spec.steps):
+        return None
+    pause = spec.steps[state.step].pause
+    if pause is None or pause.duration is None:
+        return None
+    return max(0.0, state.step_started_at + pause.duration - now)
+
+
+def advance(
+    spec: CanarySpec,
+    state: CanaryState,
+    commands: CanaryCommands,
+    counters: dict[str, BackendCounters] | None,
+    canary: str,
+    stable: str,
+    now: float,
+) -> CanaryDecision:
+    """One tick of a canary whose cluster is ready. `counters`: the ingress's per-backend
+    counters now (None: unreadable on this look, so no analysis verdict is drawn)."""
+    decision = CanaryDecision(state=state)
+    if commands.abort_requested:
+        decision.outcome, decision.reason = ABORT, "Aborted: by `servekeeper abort`"
+        return decision
+    if commands.promote_full:
+        decision.outcome = PROMOTE
+        decision.events.append(("CanaryPromoted", "`promote --full`: every remaining step and analysis skipped", False))
+        return decision
+    _analyse(spec, decision, counters, canary, stable, now)
+    if decision.outcome == ABORT:
+        return decision
+    _step(spec, decision, commands, now)
+    return decision
+
+
+def _analyse(
+    spec: CanarySpec,
+    decision: CanaryDecision,
+    counters: dict[str, BackendCounters] | None,
+    canary: str,
+    stable: str,
+    now: float,
+) -> None:
+    analysis = spec.analysis
+    state = decision.state
+    if analysis is None or state.weight <= 0 or counters is None:
+        return
+    if state.interval_started_at is None:
+        # The first look with traffic on the canary: the interval starts here.
+        decision.state = state.with_changes(interval_started_at=now, baseline=_pick(counters, canary, stable))
+        return
+    if now - state.interval_started_at < analysis.interval:
+        return
+    empty = BackendCounters()
+    canary_delta = difference(counters.get(canary, empty), state.baseline.get(canary, empty))
+    stable_delta = difference(counters.get(stable, empty), state.baseline.get(stable, empty))
+    figures = analyse(analysis, canary_delta, stable_delta, state.interval_started_at, now)
+    passed, failed, inconclusive = state.passed_intervals, state.failed_intervals, state.inconclusive_intervals
+    if figures.verdict == PASSED:
+        passed += 1
+    elif figures.verdict == FAILED:
+        failed += 1
+    elif figures.verdict == INCONCLUSIVE:
+        inconclusive += 1
+    decision.state = state.with_changes(
+        interval_started_at=now,
+        baseline=_pick(counters, canary, stable),
+        passed_intervals=passed,
+        failed_intervals=failed,
+        inconclusive_intervals=inconclusive,
+        last_analysis=figures,
+    )
+    line = describe(figures)
+    if figures.verdict == FAILED and failed > analysis.failureLimit:
+        decision.outcome = ABORT
+        decision.reason = (
+            f"AnalysisFailed: {failed} failed interval(s), more than failureLimit {analysis.failureLimit}: {line}"
+        )
+        return
+    warning = figures.verdict == FAILED
+    decision.events.append(("CanaryAnalysis", f"{figures.verdict}: {line}", warning))
+
+
+def _pick(counters: dict[str, BackendCounters], canary: str, stable: str) -> dict[str, BackendCounters]:
+    return {name: counters[name] for name in (canary, stable) if name in counters}
+
+
+def _step(spec: CanarySpec, decision: CanaryDecision, commands: CanaryCommands, now: float) -> None:
+    """Go through the steps that are done; at most one weight change per tick (each one waits
+    for the ingress to acknowledge it before the next is recorded)."""
+    moved = False
+    while True:
+        state = decision.state
+        if state.step >= len(spec.steps):
+            decision.outcome = PROMOTE
+            return
+        step = spec.steps[state.step]
+        if step.setWeight is not None:
+            if moved:
+                return
+            if step.setWeight >= 100:
+                decision.outcome = PROMOTE
+                return
+            decision.state = state.with_changes(step=state.step + 1, step_started_at=now, weight=step.setWeight)
+            decision.events.append(("CanaryWeight", f"{step.setWeight}% of traffic to the canary", False))
+            moved = True
+            continue
+        pause = step.pause
+        promoted = commands.promote_requests > state.promotes_seen
+        elapsed = now - state.step_started_at
+        timed_out = pause is not None and pause.duration is not None and elapsed >= pause.duration
+        if not (promoted or timed_out):
+            return
+        why = "`promote`" if promoted else f"pause of {elapsed:.0f}s over"
+        decision.state = state.with_changes(
+            step=state.step + 1, step_started_at=now, promotes_seen=commands.promote_requests
+        )
+        decision.events.append(("CanaryResumed", f"{why}: step {state.step + 2} of {len(spec.steps)} next", False))

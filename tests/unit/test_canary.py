@@ -1,0 +1,337 @@
+"""Canary delivery in the planner, tick by tick on a fake clock: steps, pauses, commands,
+analysis from the ingress's counters, abort, rollback window, preview."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from servekeeper.core import actions as act
+from servekeeper.core.analysis import analyse, difference, p99_ms
+from servekeeper.sim import SimWorld
+from servekeeper.spec import AnalysisSpec, ServiceSpec, SpecError, parse_spec
+from servekeeper.status import BackendCounters, CanaryState, ClusterRecord, ClusterRole
+from tests.unit.test_planner import make_spec
+
+STEPS: list[dict[str, Any]] = [
+    {"setWeight": 10},
+    {"pause": {"duration": "30s"}},
+    {"setWeight": 50},
+    {"pause": {}},
+]
+
+
+def canary_spec(
+    msg: str = "v1", steps: list[dict[str, Any]] | None = None, analysis: dict[str, Any] | None = None, **more: Any
+) -> ServiceSpec:
+    canary: dict[str, Any] = {"steps": steps if steps is not None else STEPS}
+    if analysis is not None:
+        canary["analysis"] = analysis
+    return make_spec(msg=msg, upgradeStrategy={"type": "Canary", "canary": canary}, **more)
+
+
+def ready_world(spec: ServiceSpec) -> SimWorld:
+    world = SimWorld(spec)
+    world.run_for(15)
+    assert world.condition("Ready")
+    return world
+
+
+def canary_started(world: SimWorld, spec: ServiceSpec) -> tuple[ClusterRecord, ClusterRecord]:
+    """Apply `spec` and tick until its cluster is ready and carries its first weight."""
+    stable = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(spec)
+    for _ in range(60):
+        world.tick()
+        world.advance(0.5)
+        pending = world.with_role(ClusterRole.PENDING)
+        if pending and pending[0].canary is not None and pending[0].canary.weight > 0:
+            return stable, pending[0]
+    raise AssertionError("the canary never started")
+
+
+def weights(world: SimWorld) -> dict[str, int]:
+    assert world.route is not None
+    return {name: world.route.weight_of(name) for name in world.route.upstreams}
+
+
+def pending_of(world: SimWorld) -> ClusterRecord:
+    return world.with_role(ClusterRole.PENDING)[0]
+
+
+def reasons(world: SimWorld) -> list[str]:
+    return [event.reason for event in world.events]
+
+
+def test_steps_move_the_weight_pause_for_their_duration_and_wait_for_promote() -> None:
+    world = ready_world(canary_spec())
+    stable, canary = canary_started(world, canary_spec(msg="v2"))
+    assert weights(world) == {stable.name: 90, canary.name: 10}
+    assert world.condition("UpgradeInProgress") and world.condition("Ready")
+    assert world.service.observed_generation == 1, "a canary is not a finished rollout"
+    started = pending_of(world).canary
+    assert started is not None and started.step == 1  # in the 30 s pause
+
+    world.run_for(29)
+    assert weights(world)[canary.name] == 10, "the pause holds the weight for its whole duration"
+    world.run_for(2)
+    assert weights(world) == {stable.name: 50, canary.name: 50}
+
+    world.run_for(120)  # `pause: {}` waits for promote, however long
+    assert weights(world)[canary.name] == 50
+    state = pending_of(world).canary
+    assert state is not None and state.step == 3
+    message = next(c.message for c in world.service.conditions if c.type.value == "UpgradeInProgress")
+    assert "at 50%" in message and "step 4/4: pause until promote" in message
+
+    world.clusters[canary.name] = pending_of(world).with_changes(promote_requests=1)
+    world.tick()
+    assert weights(world)[canary.name] == 100
+    assert world.clusters[canary.name].role == ClusterRole.ACTIVE
+    assert world.clusters[stable.name].role == ClusterRole.DRAINING
+    world.run_for(1)
+    assert world.service.observed_generation == 2
+    assert {"CanaryStarted", "CanaryWeight", "CanaryResumed", "TrafficSwitched"} <= set(reasons(world))
+
+
+def test_a_stopped_controller_resumes_the_pause_where_it_was_not_from_zero() -> None:
+    world = ready_world(canary_spec())
+    _, canary = canary_started(world, canary_spec(msg="v2"))
+    world.run_for(10)
+    stored = pending_of(world).canary
+    assert stored is not None and stored.step == 1
+    # The planner keeps nothing between ticks: 15 s without a tick (controller down), then the
+    # next one must see 25 s of the 30 s pause gone, from the stored step start.
+    world.advance(15)
+    world.tick()
+    message = next(c.message for c in world.service.conditions if c.type.value == "UpgradeInProgress")
+    remaining = stored.step_started_at + 30 - world.now
+    assert 4 <= remaining <= 5 and f"{remaining:.0f}s left" in message, message
+    world.run_for(remaining + 0.5)
+    assert weights(world)[canary.name] == 50
+
+
+def test_promote_full_skips_every_step_and_abort_drains_the_canary() -> None:
+    world = ready_world(canary_spec())
+    stable, canary = canary_started(world, canary_spec(msg="v2"))
+    world.clusters[canary.name] = pending_of(world).with_changes(promote_full=True)
+    world.tick()
+    assert weights(world)[canary.name] == 100 and world.clusters[canary.name].role == ClusterRole.ACTIVE
+    assert "CanaryPromoted" in reasons(world)
+
+    world.run_for(5)
+    stable, canary = canary_started(world, canary_spec(msg="v3"))
+    world.clusters[canary.name] = pending_of(world).with_changes(abort_requested=True)
+    world.tick()
+    assert weights(world) == {stable.name: 100, canary.name: 0}, "weight back to 0 at once, still counted"
+    assert world.clusters[canary.name].role == ClusterRole.DRAINING
+    assert world.condition("RolloutFailed") and world.condition("Ready")
+    assert world.service.failure_reason is not None and world.service.failure_reason.startswith("Aborted")
+    assert "RolloutAborted" in reasons(world)
+    world.inflight[canary.name] = 2
+    world.run_for(5)
+    assert canary.name in world.clusters, "requests still on the canary are served out"
+    world.inflight[canary.name] = 0
+    world.tick()
+    assert canary.name not in world.clusters
+    world.run_for(60)
+    assert not world.with_role(ClusterRole.PENDING), "an aborted generation is not retried"
+
+
+ANALYSIS = {"interval": "10s", "minRequests": 50, "successRate": {"min": 0.99}, "failureLimit": 1}
+
+
+def run_with_traffic(world: SimWorld, seconds: float, per_tick: int = 50, **behaviour: Any) -> None:
+    end = world.now + seconds
+    while world.now < end:
+        world.serve_traffic(per_tick, **behaviour)
+        world.tick()
+        world.advance(0.5)
+
+
+def test_analysis_aborts_a_canary_that_fails_one_request_in_five() -> None:
+    steps = [{"setWeight": 20}, {"pause": {"duration": "5m"}}]
+    world = ready_world(canary_spec(steps=steps, analysis=ANALYSIS))
+    stable, canary = canary_started(world, canary_spec(msg="v2", steps=steps, analysis=ANALYSIS))
+    started = world.now
+    while world.with_role(ClusterRole.PENDING):
+        run_with_traffic(world, 0.5, error_rate={canary.name: 0.2})
+        assert world.now - started < 10 * (1 + 1) + 5, "aborted within interval x (failureLimit + 1) + 5 s"
+    assert weights(world) == {stable.name: 100, canary.name: 0}
+    reason = world.service.failure_reason or ""
+    assert reason.startswith("AnalysisFailed: 2 failed interval(s)"), reason
+    assert "success rate 0.8000 < 0.99" in reason and "stable" in reason
+    assert world.clusters[stable.name].role == ClusterRole.ACTIVE
+
+
+def test_analysis_aborts_on_p99_and_names_the_measured_figure() -> None:
+    analysis = {"interval": "10s", "minRequests": 20, "latencyP99Ms": {"max": 500}, "failureLimit": 0}
+    steps = [{"setWeight": 50}, {"pause": {}}]
+    world = ready_world(canary_spec(steps=steps, analysis=analysis))
+    _, canary = canary_started(world, canary_spec(msg="v2", steps=steps, analysis=analysis))
+    run_with_traffic(world, 12, latency_ms={canary.name: 800})
+    reason = world.service.failure_reason or ""
+    assert reason.startswith("AnalysisFailed") and "p99" in reason and "> 500 ms" in reason, reason
+    assert "p99 9" in reason  # interpolated inside the 500-1000 ms bucket: 995 ms
+
+
+def test_too_few_requests_are_inconclusive_and_a_good_canary_passes() -> None:
+    steps = [{"setWeight": 10}, {"pause": {"duration": "25s"}}]
+    world = ready_world(canary_spec(steps=steps, analysis=ANALYSIS))
+    _, canary = canary_started(world, canary_spec(msg="v2", steps=steps, analysis=ANALYSIS))
+    run_with_traffic(world, 11, per_tick=4, error_rate={canary.name: 1.0})  # 0-1 requests per tick on it
+    state = pending_of(world).canary
+    assert state is not None and state.inconclusive_intervals == 1 and state.failed_intervals == 0
+    run_with_traffic(world, 16, per_tick=100)
+    assert not world.with_role(ClusterRole.PENDING), "promoted after its steps"
+    assert not world.condition("RolloutFailed")
+
+
+def test_an_ingress_restart_makes_the_interval_inconclusive_not_a_pass() -> None:
+    steps = [{"setWeight": 50}, {"pause": {}}]
+    world = ready_world(canary_spec(steps=steps, analysis=ANALYSIS))
+    _, canary = canary_started(world, canary_spec(msg="v2", steps=steps, analysis=ANALYSIS))
+    run_with_traffic(world, 5)
+    world.ingress_epoch = "2"  # every Envoy process restarted: counters start again at 0
+    run_with_traffic(world, 6)
+    state = pending_of(world).canary
+    assert state is not None and state.inconclusive_intervals == 1 and state.passed_intervals == 0
+
+
+def test_rollback_window_keeps_the_old_cluster_and_undo_switches_back_without_a_new_cluster() -> None:
+    steps = [{"setWeight": 50}, {"pause": {"duration": "2s"}}]
+    v1 = canary_spec(steps=steps, rollbackWindowSeconds=120)
+    world = ready_world(v1)
+    stable, canary = canary_started(world, canary_spec(msg="v2", steps=steps, rollbackWindowSeconds=120))
+    world.run_for(5)
+    assert world.clusters[canary.name].role == ClusterRole.ACTIVE
+    world.run_for(60)  # idle, past the deletion delay's minimum: kept for the window
+    assert world.clusters[stable.name].role == ClusterRole.DRAINING
+    creations = sum(isinstance(a, act.CreateCluster) for a in world.actions)
+
+    world.apply(v1)  # what `undo` stores: the earlier revision's spec as a new generation
+    world.tick()
+    assert weights(world) == {stable.name: 100, canary.name: 0}
+    assert world.clusters[stable.name].role == ClusterRole.ACTIVE
+    assert sum(isinstance(a, act.CreateCluster) for a in world.actions) == creations
+    assert "TrafficSwitchedBack" in reasons(world)
+    world.run_for(1)
+    assert world.service.observed_generation == world.service.generation
+
+    world.run_for(125)
+    assert canary.name not in world.clusters, "deleted once the window is over (and idle)"
+
+
+def test_a_new_apply_mid_canary_drains_that_canary_and_starts_over() -> None:
+    world = ready_world(canary_spec())
+    stable, canary = canary_started(world, canary_spec(msg="v2"))
+    world.apply(canary_spec(msg="v3"))
+    world.tick()
+    assert world.clusters[canary.name].role == ClusterRole.DRAINING
+    assert weights(world)[canary.name] == 0 and weights(world)[stable.name] == 100
+    _, third = canary_started(world, canary_spec(msg="v3"))
+    assert third.generation == 3 and weights(world)[third.name] == 10
+
+
+def test_preview_port_goes_to_the_pending_cluster_only_while_there_is_one() -> None:
+    ingress = {"port": 8000, "previewPort": 8001}
+    world = ready_world(canary_spec(ingress=ingress))
+    world.apply(canary_spec(msg="v2", ingress=ingress))
+    world.tick()
+    world.advance(0.5)
+    world.tick()
+    pending = pending_of(world)
+    assert world.route is not None and world.route.preview == pending.name
+    assert weights(world)[pending.name] == 0, "the preview carries no user traffic"
+    world.clusters[pending.name] = pending.with_changes(promote_full=True)
+    world.run_for(12)
+    assert world.route.preview is None
+
+
+def test_replacing_a_broken_active_takes_all_traffic_at_once() -> None:
+    world = ready_world(canary_spec())
+    active = world.with_role(ClusterRole.ACTIVE)[0]
+    world.sim[active.name].head_alive = False
+    world.run_for(60)
+    new = world.with_role(ClusterRole.ACTIVE)
+    assert new and new[0].name != active.name and new[0].canary is None
+
+
+# -- analysis and spec -----------------------------------------------------------------------
+
+
+def counters(requests: int, errors: int, buckets: dict[float, int]) -> BackendCounters:
+    return BackendCounters(requests, errors, tuple(sorted(buckets.items())))
+
+
+def test_p99_is_interpolated_inside_its_bucket_and_a_counter_reset_is_no_difference() -> None:
+    later = counters(200, 10, {100: 150, 500: 198, 1000: 200})
+    earlier = counters(100, 5, {100: 75, 500: 99, 1000: 100})
+    delta = difference(later, earlier)
+    assert delta == counters(100, 5, {100: 75, 500: 99, 1000: 100})
+    assert p99_ms(delta) == pytest.approx(500.0)
+    assert p99_ms(counters(100, 0, {100: 98, 500: 100})) == pytest.approx(300.0)
+    assert difference(earlier, later) is None
+    spec = AnalysisSpec(successRate={"min": 0.99}, minRequests=10)  # type: ignore[arg-type]
+    figures = analyse(spec, delta, None, 0.0, 10.0)
+    assert figures.verdict == "failed" and figures.success_rate == pytest.approx(0.95)
+
+
+def test_canary_state_round_trips_through_json() -> None:
+    state = CanaryState(
+        step=2,
+        step_started_at=5.0,
+        weight=50,
+        promotes_seen=1,
+        interval_started_at=7.0,
+        baseline={"a": counters(3, 1, {1.0: 3})},
+        failed_intervals=1,
+    )
+    assert CanaryState.from_json(state.to_json()) == state
+
+
+@pytest.mark.parametrize(
+    ("strategy", "problem"),
+    [
+        pytest.param({"type": "Canary"}, "needs a canary", id="canary-without-steps"),
+        pytest.param(
+            {"type": "NewCluster", "canary": {"steps": [{"setWeight": 5}]}},
+            "only read with type Canary",
+            id="steps-without-canary",
+        ),
+        pytest.param(
+            {"type": "Canary", "canary": {"steps": [{"setWeight": 100}, {"pause": {}}]}}, "last step", id="100-not-last"
+        ),
+        pytest.param(
+            {"type": "Canary", "canary": {"steps": [{"setWeight": 5, "pause": {}}]}}, "either", id="two-in-one-step"
+        ),
+        pytest.param(
+            {"type": "Canary", "canary": {"steps": [{"pause": {"duration": "soon"}}]}},
+            "not a duration",
+            id="bad-duration",
+        ),
+        pytest.param(
+            {"type": "Canary", "canary": {"steps": [{"setWeight": 5}], "analysis": {"interval": "5s"}}},
+            "successRate or latencyP99Ms",
+            id="analysis-without-checks",
+        ),
+    ],
+)
+def test_canary_spec_errors_name_the_field(strategy: dict[str, Any], problem: str) -> None:
+    with pytest.raises(SpecError) as raised:
+        parse_spec(
+            {
+                "apiVersion": "servekeeper/v1alpha1",
+                "kind": "RayService",
+                "metadata": {"name": "svc"},
+                "spec": {
+                    "ingress": {"port": 8000},
+                    "serveConfig": {"applications": [{"import_path": "a:b"}]},
+                    "upgradeStrategy": strategy,
+                },
+            }
+        )
+    assert any(p.startswith("spec.upgradeStrategy") and problem in p for p in raised.value.problems), (
+        raised.value.problems
+    )
