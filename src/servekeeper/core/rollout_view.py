@@ -23,6 +23,7 @@ class Phase(str, enum.Enum):
     CONFIG_SUBMITTED = "config submitted"
     DEPLOYING = "deploying apps"
     PROBING = "readiness probes"
+    CANARY = "canary"
     SWITCHING = "switching traffic"
     DRAINING = "draining old cluster"
     DELETING = "deleting old cluster"
@@ -46,6 +47,7 @@ class RolloutStatus:
     detail: str = ""
     cluster: str | None = None  # the cluster the phase is about
     traffic: dict[str, int] = field(default_factory=dict)  # cluster -> percent of the service's traffic
+    step: int | None = None  # the canary step: each is a phase of its own in the tracker
 
     @property
     def exit_code(self) -> int | None:
@@ -91,6 +93,63 @@ def apps_running(view: View, cluster: Mapping[str, Any]) -> tuple[int, int]:
 def _probes_passing(cluster: Mapping[str, Any]) -> tuple[int, int]:
     probes = cluster.get("probes") or []
     return sum(1 for probe in probes if probe.get("passing")), len(probes)
+
+
+def canary_of(view: View) -> Mapping[str, Any] | None:
+    """The pending cluster's canary block (`core/views.py` `canary_view`), or None."""
+    pending = view.get("pendingCluster")
+    canary = pending.get("canary") if pending else None
+    return dict(canary) if canary else None
+
+
+def canary_detail(canary: Mapping[str, Any]) -> str:
+    """ "step 2/4: pause 30s, weight 10%, 12s left; analysis 1 passed, 0 failed, 0 inconclusive"."""
+    step = canary.get("stepDescription") or f"step {int(canary.get('step', 0)) + 1}"
+    parts = [f"{step}, weight {canary.get('weight', 0)}%"]
+    remaining = canary.get("pauseRemainingSeconds")
+    if remaining is not None:
+        parts.append(f"{remaining:.0f}s left")
+    counts = (
+        f"analysis {canary.get('passedIntervals', 0)} passed, {canary.get('failedIntervals', 0)} failed, "
+        f"{canary.get('inconclusiveIntervals', 0)} inconclusive"
+    )
+    return ", ".join(parts) + "; " + counts
+
+
+def _rate(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate * 100:.1f}%"
+
+
+def _ms(p99: float | None) -> str:
+    return "-" if p99 is None else f"{p99:.0f} ms"
+
+
+def analysis_figures(last: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The last analysis interval as rows (who, requests, success rate, p99): canary, then stable."""
+    return [
+        ("canary", str(last.get("requests", 0)), _rate(last.get("success_rate")), _ms(last.get("p99_ms"))),
+        (
+            "stable",
+            str(last.get("stable_requests", 0)),
+            _rate(last.get("stable_success_rate")),
+            _ms(last.get("stable_p99_ms")),
+        ),
+    ]
+
+
+def analysis_verdict(last: Mapping[str, Any]) -> str:
+    """ "failed over 10s (success rate 0.800 < 0.99)"."""
+    seconds = float(last.get("ended_at", 0.0)) - float(last.get("started_at", 0.0))
+    message = f" ({last['message']})" if last.get("message") else ""
+    return f"{last.get('verdict', '?')} over {seconds:.0f}s{message}"
+
+
+def analysis_summary(last: Mapping[str, Any]) -> str:
+    """The verdict, then "canary 120 req 99.2% p99 45 ms | stable 1080 req 99.9% p99 40 ms"."""
+    figures = " | ".join(
+        f"{who} {requests} req {rate} p99 {p99}" for who, requests, rate, p99 in analysis_figures(last)
+    )
+    return f"{analysis_verdict(last)}: {figures}"
 
 
 def _starting(view: View, cluster: Mapping[str, Any]) -> RolloutStatus | None:
@@ -140,6 +199,10 @@ def rollout_status(view: View, events: Sequence[Mapping[str, Any]] = ()) -> Roll
         starting = _starting(view, pending)
         if starting is not None:
             return starting
+        canary = canary_of(view)
+        if canary is not None:
+            step = int(canary.get("step", 0))
+            return RolloutStatus(Phase.CANARY, canary_detail(canary), pending["name"], traffic, step)
         source = f"{active['name']} " if active else ""
         return RolloutStatus(Phase.SWITCHING, f"{source}-> {pending['name']}", pending["name"], traffic)
     if not current:
@@ -181,6 +244,7 @@ class PhaseSpan:
     detail: str
     started: float
     ended: float | None = None
+    step: int | None = None  # the canary step of a CANARY span
 
     def elapsed(self, now: float) -> float:
         return (self.ended if self.ended is not None else now) - self.started
@@ -188,8 +252,8 @@ class PhaseSpan:
 
 class RolloutTracker:
     """The phases seen so far, each with when it began and ended. Pure: the caller passes `now`.
-    A phase is a new span only when the phase itself changes; its detail (workers 1/2 -> 2/2,
-    in-flight counts) updates the current span."""
+    A phase is a new span only when the phase itself (or the canary's step) changes; its detail
+    (workers 1/2 -> 2/2, in-flight counts, a pause counting down) updates the current span."""
 
     def __init__(self, started: float) -> None:
         self.started = started
@@ -197,14 +261,15 @@ class RolloutTracker:
 
     def observe(self, status: RolloutStatus, now: float) -> bool:
         """Record one look; True when the phase changed."""
-        if self.spans and self.spans[-1].phase == status.phase:
+        if self.spans and (self.spans[-1].phase, self.spans[-1].step) == (status.phase, status.step):
             last = self.spans[-1]
-            self.spans[-1] = PhaseSpan(last.phase, status.detail, last.started, last.ended)
+            self.spans[-1] = PhaseSpan(last.phase, status.detail, last.started, last.ended, last.step)
             return False
         if self.spans:
             last = self.spans[-1]
-            self.spans[-1] = PhaseSpan(last.phase, last.detail, last.started, now)
-        self.spans.append(PhaseSpan(status.phase, status.detail, now, now if status.phase.ended else None))
+            self.spans[-1] = PhaseSpan(last.phase, last.detail, last.started, now, last.step)
+        ended = now if status.phase.ended else None
+        self.spans.append(PhaseSpan(status.phase, status.detail, now, ended, status.step))
         return True
 
     def total(self, now: float) -> float:

@@ -23,7 +23,11 @@ from servekeeper.core.rollout_view import (
     Phase,
     RolloutStatus,
     RolloutTracker,
+    analysis_figures,
+    analysis_summary,
+    analysis_verdict,
     apps_running,
+    canary_of,
     events_since,
     rollout_status,
 )
@@ -32,7 +36,12 @@ View = Mapping[str, Any]
 FetchView = Callable[[], View]
 FetchEvents = Callable[[], Sequence[Mapping[str, Any]]]
 
-PHASE_STYLE = {Phase.ROLLED_OUT: "bold green", Phase.FAILED: "bold red", Phase.DRAINING: "yellow"}
+PHASE_STYLE = {
+    Phase.ROLLED_OUT: "bold green",
+    Phase.FAILED: "bold red",
+    Phase.DRAINING: "yellow",
+    Phase.CANARY: "bold magenta",
+}
 
 
 def _clusters(view: View) -> list[tuple[str, Mapping[str, Any]]]:
@@ -84,7 +93,33 @@ def render(
         recent.add_row(
             _when(event.get("time")), event.get("type", ""), event.get("reason", ""), event.get("message", "")
         )
-    return Group(header, phase, Text(""), clusters, Text(""), phases, Text(""), Text("recent events", "bold"), recent)
+    parts: list[RenderableType] = [header, phase, Text(""), clusters, Text("")]
+    canary = canary_of(view)
+    if canary is not None:
+        parts += [canary_block(canary), Text("")]
+    parts += [phases, Text(""), Text("recent events", "bold"), recent]
+    return Group(*parts)
+
+
+def canary_block(canary: Mapping[str, Any]) -> RenderableType:
+    """The canary's step, weight, pause and analysis, with the last interval canary vs stable."""
+    remaining = canary.get("pauseRemainingSeconds")
+    pause = f"  pause {remaining:.0f}s left" if remaining is not None else ""
+    step = canary.get("stepDescription") or f"step {int(canary.get('step', 0)) + 1}"
+    lines: list[RenderableType] = [
+        Text.assemble(("canary ", "bold"), step, f"  weight {canary.get('weight', 0)}%", pause),
+        Text(
+            f"analysis {canary.get('passedIntervals', 0)} passed, {canary.get('failedIntervals', 0)} failed, "
+            f"{canary.get('inconclusiveIntervals', 0)} inconclusive"
+        ),
+    ]
+    last = canary.get("lastAnalysis")
+    if last:
+        figures = Table("LAST INTERVAL", "REQUESTS", "SUCCESS", "P99", box=None)
+        for row in analysis_figures(last):
+            figures.add_row(*row)
+        lines += [figures, Text(analysis_verdict(last), "dim")]
+    return Group(*lines)
 
 
 def _when(timestamp: float | None) -> str:
@@ -148,9 +183,10 @@ def _plain(
     sleep: Callable[[float], None],
 ) -> int:
     printed = 0
+    analysed: float | None = None  # the end of the last analysis interval printed
     status: RolloutStatus | None = None
     while True:
-        _, status, _ = look()
+        view, status, _ = look()
         # One line per phase change (its detail as first seen); printed once it began.
         while printed < len(tracker.spans):
             span = tracker.spans[printed]
@@ -159,6 +195,11 @@ def _plain(
                 plain_line(shown, span.started - tracker.started), markup=False, highlight=False, soft_wrap=True
             )
             printed += 1
+        last = (canary_of(view) or {}).get("lastAnalysis")
+        if last and last.get("ended_at") != analysed:
+            analysed = last.get("ended_at")
+            line = f"[{clock() - tracker.started:6.1f}s] canary analysis {analysis_summary(last)}"
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
         if status.exit_code is not None or not follow or clock() - tracker.started >= timeout:
             break
         sleep(interval)
