@@ -15,12 +15,16 @@ import psutil
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from servekeeper.client import (
     ApiError,
     Client,
+    Conflict,
     DaemonNotRunning,
     EventView,
+    RevisionNotFound,
+    RevisionView,
     RolloutFailed,
     ServekeeperError,
     ServiceNotFound,
@@ -79,6 +83,9 @@ def _shown_errors() -> Iterator[None]:
     except WaitTimeout as exc:
         errors.print(str(exc))
         raise typer.Exit(2) from exc
+    except (Conflict, RevisionNotFound) as exc:  # promote/abort/undo refused: the daemon says why
+        errors.print(str(exc), style="red", markup=False)
+        raise typer.Exit(1) from exc
     except ApiError as exc:
         errors.print(f"[red]API error {exc.status}:[/red] {exc.text}", markup=True)
         raise typer.Exit(1) from exc
@@ -272,6 +279,12 @@ def describe(name: str, state_dir: StateDir = None) -> None:
         console.print(f"\n[bold]Ignored on this provider[/bold] (imported from {view.get('importedFrom')})")
         for note in notes:
             console.print(f"  {note['path']}  {note['kind']}: {note['message']}", markup=False)
+    canary = (view["pendingCluster"] or {}).get("canary")
+    if canary:
+        from servekeeper.ui.live import canary_block
+
+        console.print()
+        console.print(canary_block(canary))
     clusters = [("active", view["activeCluster"]), ("pending", view["pendingCluster"])]
     clusters += [(c["role"], c) for c in view["otherClusters"]]
     for role, cluster in clusters:
@@ -289,6 +302,85 @@ def describe(name: str, state_dir: StateDir = None) -> None:
             apps.add_row(app_name, app_state["status"], app_state["source"], app_state["message"][:200])
         console.print(apps)
     _print_events(recent, title="\nRecent events")
+
+
+@app.command()
+def promote(
+    name: str,
+    full: Annotated[
+        bool, typer.Option("--full", help="Skip every remaining step and analysis: all traffic to the new cluster.")
+    ] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """Let a canary rollout go on past its current pause (or, with --full, finish it at once)."""
+    with _shown_errors():
+        result = _client(state_dir).promote(name, full=full)
+    if full:
+        console.print(f"service/{name} promoting {result['cluster']} fully: every remaining step skipped")
+    else:
+        console.print(f"service/{name} promoting {result['cluster']} (promote #{result['promoteRequests']})")
+
+
+@app.command()
+def abort(name: str, state_dir: StateDir = None) -> None:
+    """Abort the rollout in progress: the new cluster loses its traffic at once and is removed."""
+    with _shown_errors():
+        result = _client(state_dir).abort(name)
+    console.print(f"service/{name} aborting the rollout of {result['cluster']}")
+
+
+@app.command()
+def undo(
+    name: str,
+    to_revision: Annotated[
+        int | None,
+        typer.Option("--to-revision", help="The revision to roll out again (default: the last one that rolled out)."),
+    ] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Roll out an earlier revision's spec and code again, as a new generation (within the
+    rollback window, traffic moves back to the old cluster without starting a new one)."""
+    with _shown_errors():
+        result = _client(state_dir).undo(name, to_revision=to_revision)
+    if result["changed"]:
+        console.print(
+            f"service/{name} rolling back to revision {result['toRevision']} (generation {result['generation']})"
+        )
+    else:
+        console.print(f"service/{name} unchanged: it already runs revision {result['toRevision']}'s spec")
+
+
+@app.command()
+def history(
+    name: str,
+    output: Annotated[str, typer.Option("-o", "--output", help="table | json")] = "table",
+    state_dir: StateDir = None,
+) -> None:
+    """The service's revisions (oldest first): when, spec and code hashes, cause and outcome."""
+    with _shown_errors():
+        revisions = _client(state_dir).history(name)
+    if output == "json":
+        print(json.dumps(revisions, indent=2))
+        return
+    console.print(history_table(revisions))
+
+
+def history_table(revisions: list[RevisionView]) -> Table:
+    table = Table("REVISION", "TIME", "SPEC", "PACKAGE", "CAUSE", "OUTCOME", "ENDED BY", "MESSAGE", box=None)
+    for revision in revisions:
+        created = datetime.fromtimestamp(revision["createdAt"]).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(
+            f"{revision['revision']}{' (current)' if revision['current'] else ''}",
+            created,
+            revision["specHash"][:12],
+            (revision["packageHash"] or "-")[:12],
+            Text(revision["cause"]),
+            revision["outcome"],
+            Text(revision["endedBy"] or "-"),
+            Text(revision["message"] or ""),  # a daemon's message is text, never Rich markup
+            style="bold" if revision["current"] else None,
+        )
+    return table
 
 
 def _print_events(items: list[EventView], title: str = "") -> None:

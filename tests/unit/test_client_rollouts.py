@@ -1,17 +1,23 @@
-"""The client's rollout commands (promote, abort, undo, history) against the real API app and a
-real store, sync and async, and their errors: Conflict (409) and RevisionNotFound."""
+"""The rollout commands (promote, abort, undo, history) of the client, sync and async, and of
+the CLI on it, against the real API app and a real store; their errors: Conflict (409) and
+RevisionNotFound; the canary block of `describe`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import Result
 from fastapi.testclient import TestClient
+from rich.console import Console
+from typer.testing import CliRunner
 
 from servekeeper import AsyncClient, Client, Conflict, RevisionNotFound, ServiceNotFound
+from servekeeper import cli as cli_module
 from servekeeper.api import build_app
-from servekeeper.status import ClusterRecord
+from servekeeper.status import AnalysisFigures, CanaryState, ClusterRecord
 from servekeeper.store import Store
 from tests.unit.test_client import TOKEN, URL, FakeController, document, through
 from tests.unit.test_store import cluster
@@ -124,3 +130,66 @@ async def test_the_async_rollout_commands(app_client: TestClient, store: Store) 
         assert (await client.undo("hello", to_revision=1))["generation"] == 3
         with pytest.raises(RevisionNotFound):
             await client.undo("hello", to_revision=9)
+
+
+# -- the CLI on the same client ------------------------------------------------------------
+
+
+@pytest.fixture
+def cli(client: Client, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
+    """`servekeeper ARGS...` against the in-process API; returns Typer's result."""
+    monkeypatch.setattr(cli_module, "_client", lambda state_dir: client)
+    monkeypatch.setattr(cli_module, "console", Console(width=200))
+    monkeypatch.setattr(cli_module, "errors", Console(width=200, stderr=True))
+    runner = CliRunner()
+
+    def run(*args: str) -> Result:
+        return runner.invoke(cli_module.app, list(args))
+
+    return run
+
+
+def test_cli_promote_abort_and_their_refusals(cli: Callable[..., Result], client: Client, store: Store) -> None:
+    two_revisions(client, store)
+    refused = cli("promote", "hello")
+    assert refused.exit_code == 1 and "has no rollout in progress to promote" in refused.output
+    assert cli("abort", "nope").exit_code == 1
+    store.put_cluster(pending_cluster())
+    promoted = cli("promote", "hello")
+    assert promoted.exit_code == 0 and "service/hello promoting hello-g2-bbbbbb (promote #1)" in promoted.output
+    assert "every remaining step skipped" in cli("promote", "hello", "--full").output
+    aborted = cli("abort", "hello")
+    assert aborted.exit_code == 0 and "service/hello aborting the rollout of hello-g2-bbbbbb" in aborted.output
+
+
+def test_cli_history_and_undo(cli: Callable[..., Result], client: Client, store: Store) -> None:
+    two_revisions(client, store)
+    store.end_revision("hello", 2, "Failed", "analysis", "AnalysisFailed: [bold]not markup[/bold]", now=20.0)
+    table = cli("history", "hello")
+    assert table.exit_code == 0, table.output
+    lines = table.output.splitlines()
+    assert lines[0].split() == ["REVISION", "TIME", "SPEC", "PACKAGE", "CAUSE", "OUTCOME", "ENDED", "BY", "MESSAGE"]
+    assert lines[1].split()[0] == "1" and "Succeeded" in lines[1] and "controller" in lines[1]
+    assert lines[2].strip().startswith("2 (current)") and "[bold]not markup[/bold]" in lines[2]
+    undone = cli("undo", "hello")
+    assert undone.exit_code == 0 and "service/hello rolling back to revision 1 (generation 3)" in undone.output
+    assert "undo to revision 1" in cli("history", "hello").output
+    as_json = cli("history", "hello", "-o", "json")
+    assert [r["revision"] for r in json.loads(as_json.output)] == [1, 2, 3]
+    missing = cli("undo", "hello", "--to-revision", "9")
+    assert missing.exit_code == 1 and "revision 9 is not in the history" in missing.output
+    current = cli("undo", "hello", "--to-revision", "3")
+    assert current.exit_code == 1 and "revision 3 is the current one" in current.output
+    assert cli("history", "nope").exit_code == 1
+
+
+def test_cli_describe_shows_the_canary(cli: Callable[..., Result], client: Client, store: Store) -> None:
+    two_revisions(client, store)
+    figures = AnalysisFigures(100.0, 110.0, 120, 0.9916, 45.2, 1080, 1.0, 40.0, "passed")
+    state = CanaryState(step=1, step_started_at=100.0, weight=10, passed_intervals=1, last_analysis=figures)
+    store.put_cluster(pending_cluster().with_changes(canary=state))
+    described = cli("describe", "hello")
+    assert described.exit_code == 0, described.output
+    assert "canary step" in described.output and "weight 10%" in described.output
+    assert "analysis 1 passed, 0 failed, 0 inconclusive" in described.output
+    assert "99.2%" in described.output and "1080" in described.output
