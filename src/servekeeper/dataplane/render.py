@@ -5,6 +5,11 @@ moving weights changes only the route file and never the listener: a listener ch
 and close the clients' connections, an RDS change keeps them. Every backend gets an Envoy cluster
 per protocol. Names: listener and route config "http-<service>" / "grpc-<service>", cluster
 "http-<backend>" / "grpc-<backend>".
+
+A service with a preview port gets one more HTTP listener, "preview-<service>", with a route file
+of its own that sends everything to the preview backend's HTTP cluster (or answers 503 when there
+is none). It reuses the backends' clusters, so it adds no cluster; and since its name does not
+start with "http-", nothing reads it as the service's weights.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection
 HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 HTTP, GRPC = "http", "grpc"
+PREVIEW = "preview"  # a listener and route config kind, never a cluster's protocol
 HEALTH_PATH = "/-/healthz"  # what Ray Serve's HTTP proxy answers 200 on while it takes traffic
 # Shorter than the keep-alive of Serve's proxy (uvicorn, 90 s), so Envoy is always the side that
 # closes an idle upstream connection; otherwise a request can race the upstream's close and fail.
@@ -140,46 +146,66 @@ def union_clusters(current: Mapping[str, Resource], new: Mapping[str, Resource])
     return dict(sorted({**current, **new}.items()))
 
 
+def _route_config(name: str, service: str, entry: Resource) -> Resource:
+    return {
+        "@type": ROUTE_TYPE,
+        "name": name,
+        "virtual_hosts": [{"name": service, "domains": ["*"], "routes": [entry]}],
+    }
+
+
+def _forward(target: Resource, route: ServiceRoute) -> Resource:
+    """Every path to `target` (a cluster or weighted clusters), with the service's timeout and retries."""
+    return {
+        "match": {"prefix": "/"},
+        "route": {
+            **target,
+            # Envoy's default is 15 s; 0 s turns the limit off so long streams live.
+            "timeout": _duration(route.request_timeout_s),
+            "retry_policy": {
+                "retry_on": RETRY_ON,
+                "num_retries": 1,
+                "retry_host_predicate": [
+                    {
+                        "name": "envoy.retry_host_predicates.previous_hosts",
+                        "typed_config": {
+                            "@type": "type.googleapis.com/"
+                            "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+                        },
+                    }
+                ],
+                "host_selection_retry_max_attempts": 5,
+            },
+        },
+    }
+
+
 def render_route_config(protocol: str, route: ServiceRoute) -> Resource:
     weighted = [
         {"name": cluster_name(protocol, backend.name), "weight": route.weights[backend.name]}
         for backend in route.backends
         if protocol == HTTP or backend.grpc
     ]
-    return {
-        "@type": ROUTE_TYPE,
-        "name": listener_name(protocol, route.service),
-        "virtual_hosts": [
-            {
-                "name": route.service,
-                "domains": ["*"],
-                "routes": [
-                    {
-                        "match": {"prefix": "/"},
-                        "route": {
-                            "weighted_clusters": {"clusters": weighted},
-                            # Envoy's default is 15 s; 0 s turns the limit off so long streams live.
-                            "timeout": _duration(route.request_timeout_s),
-                            "retry_policy": {
-                                "retry_on": RETRY_ON,
-                                "num_retries": 1,
-                                "retry_host_predicate": [
-                                    {
-                                        "name": "envoy.retry_host_predicates.previous_hosts",
-                                        "typed_config": {
-                                            "@type": "type.googleapis.com/"
-                                            "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
-                                        },
-                                    }
-                                ],
-                                "host_selection_retry_max_attempts": 5,
-                            },
-                        },
-                    }
-                ],
-            }
-        ],
-    }
+    entry = _forward({"weighted_clusters": {"clusters": weighted}}, route)
+    return _route_config(listener_name(protocol, route.service), route.service, entry)
+
+
+def no_preview_body(service: str) -> str:
+    return f"no preview: service {service} has no pending cluster\n"
+
+
+def render_preview_route_config(route: ServiceRoute) -> Resource:
+    """All of the preview port's requests to the preview backend, whatever the weights; without
+    one, a 503 that says so (rather than a refused connection, which looks like an outage)."""
+    if route.preview_backend is not None:
+        entry = _forward({"cluster": cluster_name(HTTP, route.preview_backend)}, route)
+    else:
+        entry = {
+            "match": {"prefix": "/"},
+            # Envoy sends a local reply's body as text/plain.
+            "direct_response": {"status": 503, "body": {"inline_string": no_preview_body(route.service)}},
+        }
+    return _route_config(listener_name(PREVIEW, route.service), route.service, entry)
 
 
 def render_route_configs(routes: Iterable[ServiceRoute]) -> dict[str, Resource]:
@@ -188,6 +214,8 @@ def render_route_configs(routes: Iterable[ServiceRoute]) -> dict[str, Resource]:
         configs[listener_name(HTTP, route.service)] = render_route_config(HTTP, route)
         if route.grpc_port is not None:
             configs[listener_name(GRPC, route.service)] = render_route_config(GRPC, route)
+        if route.preview_port is not None:
+            configs[listener_name(PREVIEW, route.service)] = render_preview_route_config(route)
     return dict(sorted(configs.items()))
 
 
@@ -204,7 +232,7 @@ def _router() -> Resource:
 
 def render_listener(protocol: str, route: ServiceRoute, xds_dir: Path) -> Resource:
     name = listener_name(protocol, route.service)
-    port = route.port if protocol == HTTP else route.grpc_port
+    port = {HTTP: route.port, GRPC: route.grpc_port, PREVIEW: route.preview_port}[protocol]
     assert port is not None
     idle = _duration(route.idle_timeout_s)
     manager: Resource = {
@@ -224,7 +252,7 @@ def render_listener(protocol: str, route: ServiceRoute, xds_dir: Path) -> Resour
         "stream_idle_timeout": idle,
         "common_http_protocol_options": {"idle_timeout": idle},
     }
-    if protocol == HTTP:
+    if protocol != GRPC:  # the preview listener is an HTTP listener like the main one, limits and all
         manager["http_protocol_options"] = {"accept_http_10": True, "default_host_for_http_10": route.service}
         # The buffer filter answers 413 past the limit, chunked bodies included. gRPC streams must
         # never be buffered, and an upgrade has no end of body to wait for: both skip it.
@@ -259,6 +287,8 @@ def render_listeners(routes: Iterable[ServiceRoute], xds_dir: Path) -> dict[str,
         listeners[listener_name(HTTP, route.service)] = render_listener(HTTP, route, xds_dir)
         if route.grpc_port is not None:
             listeners[listener_name(GRPC, route.service)] = render_listener(GRPC, route, xds_dir)
+        if route.preview_port is not None:
+            listeners[listener_name(PREVIEW, route.service)] = render_listener(PREVIEW, route, xds_dir)
     return dict(sorted(listeners.items()))
 
 
