@@ -10,3 +10,4 @@ pytest -q tests/unit tests/dataplane "$@"  # the pure core, adapters, and real E
 # The oldest Python we claim (requires-python >=3.10); setup.sh makes .venv310 or fails.
 .venv310/bin/python -m pytest -q tests/unit "$@"
 pytest -q tests/integration "$@"
+pytest -q tests/multihost "$@"  # a fleet of sshd hosts in network namespaces (root), real Ray over SSH

@@ -1,0 +1,430 @@
+"""Ray nodes on the hosts of a pool, over SSH: start, watch and stop exactly the nodes we own.
+
+Each node is `ray start --block` in a session of its own (`setsid`) on its host, with its own
+`--temp-dir`, ports allocated on that host, and `--node-ip-address` set to the host's address.
+A small fixed launcher (`REMOTE_SCRIPT`, run by the host's `python -c`) does the work on the
+host; what it acts on reaches it as JSON on stdin, never in a command line or a shell string
+(the env of a group may hold secrets, and argv is public to every user of a host through `ps`).
+
+Every node runs with Ray's token authentication: `RAY_AUTH_MODE=token` and
+`RAY_AUTH_TOKEN_PATH` pointing at a 0600 file written over SFTP; the token itself is never in
+an argv or an environment. Ray's dashboard, job and Serve REST endpoints and its gRPC services
+then refuse callers without `Authorization: Bearer <token>`.
+
+Stopping a node signals its session (TERM, wait, KILL, verify), plus any straggler that left
+the session but still carries the node's tag in its environment. Never `ray stop`: it kills
+every Ray cluster on the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from servekeeper.hostpool import HostSpec
+from servekeeper.ports import PORT_HIGH, PORT_LOW, WORKER_PORTS_PER_NODE
+from servekeeper.providers.base import ProviderError
+from servekeeper.providers.local import _node_port_args as node_port_args
+from servekeeper.ssh import HostConnection, HostUnreachable, SshError, with_retries
+from servekeeper.status import NodePorts
+
+logger = logging.getLogger(__name__)
+
+NODE_TAG_ENV = "SERVEKEEPER_NODE"  # every process of a node inherits it: the node's temp dir
+TOKEN_FILE_NAME = "auth_token"
+TERM_GRACE_SECONDS = 3.0
+KILL_GRACE_SECONDS = 3.0
+
+# The host side. Subcommands: prepare, launch, alive, stop, ports; the request is JSON on stdin,
+# the answer one JSON line on stdout. Linux /proc only: no psutil needed on the host.
+REMOTE_SCRIPT = r"""
+import json, os, signal, socket, subprocess, sys, time
+
+TAG = "SERVEKEEPER_NODE"
+
+def stat_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[3])  # state, session id
+    except (OSError, IndexError, ValueError):
+        return None, None
+
+def tagged(pid, marker):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return (TAG + "=" + marker).encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+def members(sid, marker):
+    # The session counts only while it is provably the node's (its leader is our `ray start`,
+    # or a member carries our tag): a session id is a pid, and pids are reused.
+    in_session, by_tag = [], []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        state, session = stat_of(entry)
+        if state is None or state == "Z":
+            continue
+        if tagged(entry, marker):
+            by_tag.append(int(entry))
+        elif session == sid:
+            in_session.append(int(entry))
+    if by_tag or is_node(sid, marker):
+        return sorted(set(by_tag + in_session))
+    return []
+
+def is_node(pid, marker):
+    state, _ = stat_of(pid)
+    if state is None or state == "Z":
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return ("--temp-dir=" + marker).encode() in argv
+
+def signal_all(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+def wait_gone(sid, marker, seconds):
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = members(sid, marker)
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.1)
+
+def free(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+def main():
+    command = sys.argv[1]
+    request = json.loads(sys.stdin.read() or "{}")
+    if command == "prepare":
+        for directory in request["dirs"]:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        answer = {}
+    elif command == "launch":
+        env = dict(os.environ)
+        env.update(request["env"])
+        with open(request["log"], "ab") as log:
+            child = subprocess.Popen(request["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True, close_fds=True, cwd=request["cwd"])
+        answer = {"pid": child.pid, "sid": os.getsid(child.pid)}
+    elif command == "alive":
+        answer = {"alive": is_node(request["pid"], request["marker"]),
+                  "members": len(members(request["sid"], request["marker"]))}
+    elif command == "stop":
+        sid, marker = request["sid"], request["marker"]
+        found = members(sid, marker)
+        if is_node(sid, marker):
+            try:
+                os.killpg(sid, signal.SIGTERM)  # `ray start` and the system processes in its group
+            except (ProcessLookupError, PermissionError):
+                pass
+        else:
+            signal_all(found, signal.SIGTERM)
+        alive = wait_gone(sid, marker, request["term_grace"]) if found else []
+        signal_all(alive, signal.SIGKILL)
+        answer = {"left": wait_gone(sid, marker, request["kill_grace"]) if alive else []}
+    elif command == "ports":
+        taken = set(request["reserved"])
+        ports = []
+        for port in range(request["low"], request["high"] + 1):
+            if len(ports) == request["count"]:
+                break
+            if port not in taken and free(port):
+                ports.append(port)
+        block = None
+        size = request["block"]
+        for start in range(request["high"] - size + 1, request["low"] - 1, -size):
+            span = range(start, start + size)
+            if not taken.intersection(span) and not set(ports).intersection(span) and all(free(p) for p in span):
+                block = start
+                break
+        answer = {"ports": ports, "block": block}
+    else:
+        raise SystemExit(f"unknown command {command}")
+    print(json.dumps(answer))
+
+main()
+"""
+
+
+class NodeUnreachable(HostUnreachable):
+    """A node's host did not answer; the node may still run there. Retry later; never forget it."""
+
+
+@dataclass(frozen=True)
+class RemoteNode:
+    """A Ray node we started on a host: enough to find it again, and to stop exactly it."""
+
+    host: str  # the host's name in the pool
+    address: str
+    role: Literal["head", "worker"]
+    pid: int
+    session_id: int
+    temp_dir: str
+    log_path: str
+    ports: NodePorts
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ports": asdict(self.ports)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RemoteNode:
+        return cls(**{**data, "ports": NodePorts(**data["ports"])})
+
+
+@dataclass(frozen=True)
+class HeadPorts:
+    gcs: int
+    dashboard: int
+    client_server: int
+
+
+# -- the token -------------------------------------------------------------------------------------
+
+
+def new_cluster_token() -> str:
+    """256 bits, hex (what `ray get-auth-token --generate` makes)."""
+    return secrets.token_hex(32)
+
+
+def save_cluster_token(directory: Path, cluster: str, token: str) -> Path:
+    """Store a cluster's token on the controller, readable by its owner only."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = directory / f"{cluster}.token"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(token)
+    os.chmod(path, 0o600)
+    return path
+
+
+def read_cluster_token(directory: Path, cluster: str) -> str:
+    return (directory / f"{cluster}.token").read_text().strip()
+
+
+def auth_headers(token: str) -> dict[str, str]:
+    """What every call of servekeeper's to a managed cluster's dashboard carries."""
+    return {"Authorization": f"Bearer {token}"}
+
+
+# -- commands ----------------------------------------------------------------------------------------
+
+
+def cluster_dir(host: HostSpec, cluster: str) -> str:
+    """Where a cluster keeps its nodes on `host`: short (Ray nests unix sockets under it)."""
+    short = cluster if len(cluster) <= 24 else f"{cluster[:15]}-{hashlib.sha256(cluster.encode()).hexdigest()[:8]}"
+    return f"{host.workDir.rstrip('/')}/{short}"
+
+
+def _ray_start(
+    host: HostSpec, temp_dir: str, ports: NodePorts, flags: Sequence[str], resources: Sequence[str]
+) -> list[str]:
+    """`ray start --block` through the host's python (its `ray` script may not be on any PATH)."""
+    return [
+        host.python,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--block",
+        *flags,
+        f"--node-ip-address={host.address}",
+        *node_port_args(ports),
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+        *resources,
+    ]
+
+
+def head_argv(
+    host: HostSpec, temp_dir: str, head: HeadPorts, ports: NodePorts, resources: Sequence[str] = ()
+) -> list[str]:
+    flags = [
+        "--head",
+        f"--port={head.gcs}",
+        f"--dashboard-port={head.dashboard}",
+        f"--dashboard-host={host.address}",
+        f"--ray-client-server-port={head.client_server}",
+    ]
+    return _ray_start(host, temp_dir, ports, flags, resources)
+
+
+def worker_argv(
+    host: HostSpec, temp_dir: str, gcs_address: str, ports: NodePorts, resources: Sequence[str] = ()
+) -> list[str]:
+    return _ray_start(host, temp_dir, ports, [f"--address={gcs_address}"], resources)
+
+
+# -- the provider's SSH side -------------------------------------------------------------------------
+
+
+class SshNodes:
+    """Starts, watches and stops Ray nodes on the hosts of a pool, one connection per host."""
+
+    def __init__(self, hosts: Sequence[HostSpec]) -> None:
+        self._hosts = {host.name: host for host in hosts}
+        self._connections: dict[str, HostConnection] = {}
+
+    def host(self, name: str) -> HostSpec:
+        try:
+            return self._hosts[name]
+        except KeyError:
+            raise ProviderError(f"host {name!r} is not in the pool") from None
+
+    def connection(self, name: str) -> HostConnection:
+        if name not in self._connections:
+            self._connections[name] = HostConnection(self.host(name))
+        return self._connections[name]
+
+    async def close(self) -> None:
+        for connection in self._connections.values():
+            await connection.close()
+        self._connections.clear()
+
+    async def _call(self, host: str, command: str, request: Mapping[str, Any], timeout: float | None = None) -> Any:
+        connection = self.connection(host)
+
+        async def once() -> Any:
+            result = await connection.run(
+                [connection.host.python, "-c", REMOTE_SCRIPT, command], input=json.dumps(request), timeout=timeout
+            )
+            return json.loads(result.stdout.strip().splitlines()[-1])
+
+        return await with_retries(once)
+
+    async def allocate_ports(self, host: str, count: int, reserved: Sequence[int] = ()) -> tuple[list[int], range]:
+        """`count` ports free on the host (bound to nothing there, not `reserved`), and a block
+        of WORKER_PORTS_PER_NODE for Ray's workers, in servekeeper's range (ports.py)."""
+        request = {
+            "count": count,
+            "block": WORKER_PORTS_PER_NODE,
+            "reserved": sorted(reserved),
+            "low": PORT_LOW,
+            "high": PORT_HIGH,
+        }
+        answer = await self._call(host, "ports", request)
+        if len(answer["ports"]) < count or answer["block"] is None:
+            raise ProviderError(f"host {host}: not enough free ports in {PORT_LOW}-{PORT_HIGH}")
+        start = int(answer["block"])
+        return [int(port) for port in answer["ports"]], range(start, start + WORKER_PORTS_PER_NODE)
+
+    async def node_ports(self, host: str, reserved: Sequence[int] = (), extra: int = 0) -> tuple[NodePorts, list[int]]:
+        """A node's ports on `host`, and `extra` more (a head's GCS, dashboard, ...)."""
+        singles, block = await self.allocate_ports(host, 6 + extra, reserved)
+        ports = NodePorts(
+            node_manager=singles[0],
+            object_manager=singles[1],
+            metrics_export=singles[2],
+            agent_listen=singles[3],
+            agent_grpc=singles[4],
+            runtime_env_agent=singles[5],
+            min_worker=block.start,
+            max_worker=block.stop - 1,
+        )
+        return ports, singles[6:]
+
+    async def install_token(self, host: str, cluster: str, token: str) -> str:
+        """Write the cluster's token to a 0600 file in a 0700 dir on `host` (SFTP); its path."""
+        directory = cluster_dir(self.host(host), cluster)
+        await self._call(host, "prepare", {"dirs": [directory]})
+        path = f"{directory}/{TOKEN_FILE_NAME}"
+        connection = self.connection(host)
+        await with_retries(lambda: connection.write_file(path, token.encode(), mode=0o600))
+        return path
+
+    async def start_node(
+        self,
+        host: str,
+        role: Literal["head", "worker"],
+        argv: Sequence[str],
+        temp_dir: str,
+        ports: NodePorts,
+        token_path: str,
+        env: Mapping[str, str] | None = None,
+    ) -> RemoteNode:
+        """Launch `argv` (a `ray start --block`) in a session of its own on `host`, with token
+        auth; returns as soon as it runs (the node joins its cluster on its own)."""
+        spec = self.host(host)
+        log_path = f"{temp_dir}.log"
+        node_env = dict(env or {})
+        node_env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path, NODE_TAG_ENV: temp_dir})
+        await self._call(host, "prepare", {"dirs": [temp_dir]})
+        # Not retried: a launch whose answer was lost may have started a node. The caller
+        # records intent first and finds the node by its tag if it must (see `alive`).
+        connection = self.connection(host)
+        result = await connection.run(
+            [spec.python, "-c", REMOTE_SCRIPT, "launch"],
+            input=json.dumps({"argv": list(argv), "env": node_env, "log": log_path, "cwd": temp_dir}),
+        )
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+        node = RemoteNode(
+            host=host,
+            address=spec.address,
+            role=role,
+            pid=int(answer["pid"]),
+            session_id=int(answer["sid"]),
+            temp_dir=temp_dir,
+            log_path=log_path,
+            ports=ports,
+        )
+        logger.info("[%s] %s node started on %s, pid %d", Path(temp_dir).name, role, host, node.pid)
+        return node
+
+    async def alive(self, node: RemoteNode) -> bool:
+        """Is the node's `ray start` still running (the same process: pid and temp dir match)?
+        Raises NodeUnreachable if its host does not answer."""
+        try:
+            answer = await self._call(
+                node.host, "alive", {"pid": node.pid, "sid": node.session_id, "marker": node.temp_dir}
+            )
+        except SshError as exc:
+            if exc.retryable:
+                raise NodeUnreachable(exc.host, f"cannot tell whether pid {node.pid} lives: {exc}") from exc
+            raise
+        return bool(answer["alive"])
+
+    async def stop(self, node: RemoteNode) -> list[int]:
+        """TERM the node's session, wait, KILL what is left (stragglers found by the node's tag
+        too), and verify. Returns pids that survived (empty when all went well). Raises
+        NodeUnreachable (retryable) when the host does not answer: the node is not forgotten."""
+        request = {
+            "sid": node.session_id,
+            "marker": node.temp_dir,
+            "term_grace": TERM_GRACE_SECONDS,
+            "kill_grace": KILL_GRACE_SECONDS,
+        }
+        try:
+            answer = await self._call(node.host, "stop", request, timeout=TERM_GRACE_SECONDS + KILL_GRACE_SECONDS + 30)
+        except SshError as exc:
+            if exc.retryable:
+                raise NodeUnreachable(
+                    exc.host, f"could not stop the {node.role} node (pid {node.pid}, {node.temp_dir}): {exc}"
+                ) from exc
+            raise
+        left = [int(pid) for pid in answer["left"]]
+        if left:
+            logger.warning("[%s] processes survived SIGKILL on %s: %s", node.temp_dir, node.host, left)
+        return left
