@@ -21,7 +21,7 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from servekeeper.api_rollouts import add_rollout_routes
+from servekeeper.api_rollouts import RolloutCommands, add_rollout_routes
 from servekeeper.controller import Controller
 from servekeeper.core.placement import insufficient_capacity
 from servekeeper.core.serve_config import package_hash_of
@@ -220,7 +220,8 @@ def build_app(
         controller.wake(name)
         return {"name": name, "deleting": True}
 
-    add_rollout_routes(app, store, controller, packaging, packages_dir)
+    commands = RolloutCommands(store, controller, packaging, packages_dir)
+    add_rollout_routes(app, commands)
 
     @app.get("/api/v1/events")
     async def events(service: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
@@ -240,6 +241,7 @@ def build_app(
             services=lambda: [view(service.name) for service in store.list_services()],
             service=view_or_none,
             events=lambda name, limit: [event_view(e) for e in store.list_events(name, limit)],
+            commands=commands,
         )
         app.include_router(dashboard_router(dashboard, source))
 

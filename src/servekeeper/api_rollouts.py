@@ -65,49 +65,55 @@ def undo_target(revisions: list[Revision], current: int, wanted: int | None) -> 
     return earlier[-1]
 
 
-def add_rollout_routes(
-    app: FastAPI, store: Store, controller: Controller, packaging: asyncio.Lock, packages_dir: Path | None
-) -> None:
-    def existing(name: str) -> None:
-        service = store.get_service(name)
+class RolloutCommands:
+    """promote, abort, undo and history, for the API's routes and the dashboard's buttons alike.
+    A refusal is an HTTPException (404 unknown service or revision, 409 not possible now)."""
+
+    def __init__(
+        self, store: Store, controller: Controller, packaging: asyncio.Lock, packages_dir: Path | None
+    ) -> None:
+        self.store = store
+        self.controller = controller
+        self.packaging = packaging  # the API's apply lock: no prune between choosing a package and storing it
+        self.packages_dir = packages_dir
+
+    def _existing(self, name: str) -> None:
+        service = self.store.get_service(name)
         if service is None or service.deleting:
             raise HTTPException(status_code=404, detail=f"service {name!r} not found")
 
-    @app.post("/api/v1/services/{name}/promote")
-    async def promote(name: str, body: PromoteRequest) -> dict[str, Any]:
-        existing(name)
-        pending = store.request_promote(name, full=body.full)
+    async def promote(self, name: str, full: bool) -> dict[str, Any]:
+        self._existing(name)
+        pending = self.store.request_promote(name, full=full)
         if pending is None:
             raise HTTPException(status_code=409, detail=f"service {name!r} has no rollout in progress to promote")
-        controller.wake(name)
-        return {"name": name, "cluster": pending.name, "full": body.full, "promoteRequests": pending.promote_requests}
+        self.controller.wake(name)
+        return {"name": name, "cluster": pending.name, "full": full, "promoteRequests": pending.promote_requests}
 
-    @app.post("/api/v1/services/{name}/abort")
-    async def abort(name: str) -> dict[str, Any]:
-        existing(name)
-        pending = store.request_abort(name)
+    async def abort(self, name: str) -> dict[str, Any]:
+        self._existing(name)
+        pending = self.store.request_abort(name)
         if pending is None:
             raise HTTPException(status_code=409, detail=f"service {name!r} has no rollout in progress to abort")
-        controller.wake(name)
+        self.controller.wake(name)
         return {"name": name, "cluster": pending.name, "aborting": True}
 
-    @app.get("/api/v1/services/{name}/history")
-    async def history(name: str) -> dict[str, Any]:
-        service = store.get_service(name)
+    def history(self, name: str) -> dict[str, Any]:
+        service = self.store.get_service(name)
         if service is None:
             raise HTTPException(status_code=404, detail=f"service {name!r} not found")
-        revisions = store.list_revisions(name)
+        revisions = self.store.list_revisions(name)
         return {"name": name, "revisions": [revision_view(r, service.generation) for r in revisions]}
 
-    @app.post("/api/v1/services/{name}/undo")
-    async def undo(name: str, body: UndoRequest) -> dict[str, Any]:
-        async with packaging:  # no prune between choosing the package and storing the spec
+    async def undo(self, name: str, to_revision: int | None) -> dict[str, Any]:
+        store = self.store
+        async with self.packaging:
             service = store.get_service(name)
             if service is None or service.deleting:
                 raise HTTPException(status_code=404, detail=f"service {name!r} not found")
-            target = undo_target(store.list_revisions(name), service.generation, body.toRevision)
-            if packages_dir is not None and target.package_hash is not None:
-                if not (packages_dir / f"{target.package_hash}.zip").exists():
+            target = undo_target(store.list_revisions(name), service.generation, to_revision)
+            if self.packages_dir is not None and target.package_hash is not None:
+                if not (self.packages_dir / f"{target.package_hash}.zip").exists():
                     raise HTTPException(
                         status_code=409, detail=f"the code package of revision {target.revision} is gone"
                     )
@@ -124,5 +130,23 @@ def add_rollout_routes(
                 )
                 if changed:
                     record_applied(store, name, stored.generation, now)
-        controller.wake(name)
+        self.controller.wake(name)
         return {"name": name, "generation": stored.generation, "changed": changed, "toRevision": target.revision}
+
+
+def add_rollout_routes(app: FastAPI, commands: RolloutCommands) -> None:
+    @app.post("/api/v1/services/{name}/promote")
+    async def promote(name: str, body: PromoteRequest) -> dict[str, Any]:
+        return await commands.promote(name, body.full)
+
+    @app.post("/api/v1/services/{name}/abort")
+    async def abort(name: str) -> dict[str, Any]:
+        return await commands.abort(name)
+
+    @app.get("/api/v1/services/{name}/history")
+    async def history(name: str) -> dict[str, Any]:
+        return commands.history(name)
+
+    @app.post("/api/v1/services/{name}/undo")
+    async def undo(name: str, body: UndoRequest) -> dict[str, Any]:
+        return await commands.undo(name, body.toRevision)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from click.testing import Result
@@ -25,13 +24,6 @@ from tests.unit.test_store import cluster
 
 def pending_cluster() -> ClusterRecord:
     return cluster("hello-g2-bbbbbb").with_changes(service="hello", generation=2)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    store = Store(tmp_path / "store.db")
-    yield store
-    store.close()
 
 
 @pytest.fixture

@@ -5,10 +5,15 @@ The browser's first request spends the code (once, within `CODE_SECONDS`) and ge
 `HttpOnly`, `SameSite=Strict` session cookie instead, then a redirect to `/ui`: the URL left
 in the browser's history holds a spent code, never the API token. Sessions live in the daemon's
 memory only; a daemon restart logs every browser out, which is the safe direction.
+
+A POST (promote, abort, undo) also needs the session's CSRF token in the `X-Servekeeper-CSRF`
+header (see `web.py`): an HMAC of the session id under a key of this daemon's, so a page of
+another origin can neither read it nor send the header without a CORS preflight nobody answers.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 import time
@@ -17,6 +22,7 @@ from collections.abc import Callable
 CODE_SECONDS = 60.0
 SESSION_SECONDS = 3600.0
 SESSION_COOKIE = "servekeeper_session"
+CSRF_HEADER = "X-Servekeeper-CSRF"
 
 
 class DashboardAuth:
@@ -31,6 +37,7 @@ class DashboardAuth:
         self.session_seconds = session_seconds
         self._codes: dict[str, float] = {}  # code -> expiry
         self._sessions: dict[str, float] = {}  # session id -> expiry
+        self._csrf_key = secrets.token_bytes(32)
 
     def _expire(self) -> None:
         now = self._clock()
@@ -60,3 +67,12 @@ class DashboardAuth:
             return False
         self._expire()
         return any(hmac.compare_digest(known, session) for known in self._sessions)
+
+    def csrf_token(self, session: str) -> str:
+        """The token a page of this session sends back with every POST."""
+        return hmac.new(self._csrf_key, session.encode(), hashlib.sha256).hexdigest()
+
+    def csrf_valid(self, session: str | None, token: str | None) -> bool:
+        if not session or not token or not self.valid(session):
+            return False
+        return hmac.compare_digest(self.csrf_token(session), token)

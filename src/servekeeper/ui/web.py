@@ -5,15 +5,21 @@ Pages are rendered on the server with Jinja2 from the same service views the CLI
 live parts are fragments that htmx (vendored under `static/`, no build step) polls every
 second. Every `/ui` path but the login needs the session cookie (see `auth.py`); the API's
 bearer token is never accepted or needed here.
+
+The rollout buttons (promote, abort, undo) POST to `/ui/services/NAME/...` and run the same
+commands as the API (`api_rollouts.RolloutCommands`). Besides the session, a POST must carry the
+session's CSRF token in a header (htmx adds it from the page) and, when the browser says where
+it comes from (`Origin`, `Sec-Fetch-Site`), come from this origin: the session cookie is
+`SameSite=Strict`, but another port of 127.0.0.1 is the same *site*, so that alone is not enough.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -21,7 +27,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from servekeeper.core.rollout_view import rollout_status
-from servekeeper.ui.auth import SESSION_COOKIE, DashboardAuth
+from servekeeper.ui.auth import CSRF_HEADER, SESSION_COOKIE, DashboardAuth
 from servekeeper.ui.charts import legend_color, line_chart
 from servekeeper.ui.stats import StatsHistory, series, service_backends
 
@@ -39,13 +45,32 @@ class Dashboard:
     history: StatsHistory = field(default_factory=StatsHistory)
 
 
+class Commands(Protocol):
+    """The rollout commands (`api_rollouts.RolloutCommands`); a refusal is an HTTPException."""
+
+    async def promote(self, name: str, full: bool) -> dict[str, Any]: ...
+
+    async def abort(self, name: str) -> dict[str, Any]: ...
+
+    async def undo(self, name: str, to_revision: int | None) -> dict[str, Any]: ...
+
+    def history(self, name: str) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class ViewSource:
-    """How the dashboard reads state: the API's own view functions."""
+    """How the dashboard reads state, and acts on it: the API's own view functions and commands."""
 
     services: Callable[[], list[View]]
     service: Callable[[str], View | None]
     events: Callable[[str, int], list[View]]
+    commands: Commands | None = None  # None: no buttons, no history
+
+
+def undo_possible(view: Mapping[str, Any], revisions: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a plain `undo` has somewhere to go: an earlier revision that rolled out."""
+    generation = int(view.get("generation", 0))
+    return any(r["revision"] < generation and r["outcome"] == "Succeeded" for r in revisions)
 
 
 def _templates() -> Jinja2Templates:
@@ -114,17 +139,24 @@ def dashboard_router(dashboard: Dashboard, source: ViewSource, clock: Callable[[
         )
         return response
 
-    def service_context(name: str) -> dict[str, Any]:
+    def service_context(request: Request, name: str) -> dict[str, Any]:
         view = source.service(name)
         if view is None:
             raise HTTPException(status_code=404, detail=f"service {name!r} not found")
         events = source.events(name, 40)
         clusters = _clusters(view)
+        revisions = source.commands.history(name)["revisions"] if source.commands is not None else []
+        session_id = request.cookies.get(SESSION_COOKIE) or ""
         return {
             "view": view,
             "clusters": clusters,
             "status": rollout_status(view, events),
             "events": list(reversed(events)),
+            "canary": (view.get("pendingCluster") or {}).get("canary"),
+            "commands": source.commands is not None,
+            "revisions": list(reversed(revisions)),  # newest first
+            "can_undo": undo_possible(view, revisions),
+            "csrf_token": auth.csrf_token(session_id) if source.commands is not None else None,
         }
 
     @pages.get("", include_in_schema=False)
@@ -137,11 +169,11 @@ def dashboard_router(dashboard: Dashboard, source: ViewSource, clock: Callable[[
 
     @pages.get("/services/{name}", include_in_schema=False)
     async def service_page(request: Request, name: str) -> Response:
-        return templates.TemplateResponse(request, "service.html", service_context(name), headers=NO_STORE)
+        return templates.TemplateResponse(request, "service.html", service_context(request, name), headers=NO_STORE)
 
     @pages.get("/services/{name}/live", include_in_schema=False)
     async def service_fragment(request: Request, name: str) -> Response:
-        return templates.TemplateResponse(request, "_service.html", service_context(name), headers=NO_STORE)
+        return templates.TemplateResponse(request, "_service.html", service_context(request, name), headers=NO_STORE)
 
     @pages.get("/services/{name}/charts", include_in_schema=False)
     async def charts_fragment(request: Request, name: str) -> Response:
@@ -156,5 +188,59 @@ def dashboard_router(dashboard: Dashboard, source: ViewSource, clock: Callable[[
         script = resources.files("servekeeper.ui").joinpath("static/htmx.min.js").read_bytes()
         return Response(script, media_type="text/javascript", headers={"Cache-Control": "private, max-age=3600"})
 
+    if source.commands is not None:
+        _command_routes(pages, templates, auth, source.commands)
     router.include_router(pages)
     return router
+
+
+def _command_routes(pages: APIRouter, templates: Jinja2Templates, auth: DashboardAuth, commands: Commands) -> None:
+    """POST routes of the rollout buttons; each answers a fragment saying what was done (or why not)."""
+
+    def same_origin(request: Request) -> None:
+        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+        origin = request.headers.get("origin")
+        if origin is not None and origin != own:
+            raise HTTPException(status_code=403, detail=f"cross-origin request from {origin} refused")
+        if request.headers.get("sec-fetch-site") not in (None, "same-origin"):
+            raise HTTPException(status_code=403, detail="cross-site request refused")
+        if not auth.csrf_valid(request.cookies.get(SESSION_COOKIE), request.headers.get(CSRF_HEADER)):
+            raise HTTPException(status_code=403, detail="missing or wrong CSRF token: reload the page")
+
+    async def run(
+        request: Request, command: Awaitable[dict[str, Any]], done: Callable[[dict[str, Any]], str]
+    ) -> Response:
+        try:
+            result = await command
+        except HTTPException as exc:  # refused (409 nothing to promote, ...): say why, change nothing
+            context = {"ok": False, "message": str(exc.detail)}
+            return templates.TemplateResponse(
+                request, "_action.html", context, status_code=exc.status_code, headers=NO_STORE
+            )
+        return templates.TemplateResponse(
+            request, "_action.html", {"ok": True, "message": done(result)}, headers=NO_STORE
+        )
+
+    checked = [Depends(same_origin)]
+
+    @pages.post("/services/{name}/promote", dependencies=checked, include_in_schema=False)
+    async def promote(request: Request, name: str, full: bool = False) -> Response:
+        def done(result: dict[str, Any]) -> str:
+            if result["full"]:
+                return f"promoting {result['cluster']} fully: every remaining step skipped"
+            return f"promoting {result['cluster']} (promote #{result['promoteRequests']})"
+
+        return await run(request, commands.promote(name, full), done)
+
+    @pages.post("/services/{name}/abort", dependencies=checked, include_in_schema=False)
+    async def abort(request: Request, name: str) -> Response:
+        return await run(request, commands.abort(name), lambda r: f"aborting the rollout of {r['cluster']}")
+
+    @pages.post("/services/{name}/undo", dependencies=checked, include_in_schema=False)
+    async def undo(request: Request, name: str, toRevision: int | None = None) -> Response:
+        def done(result: dict[str, Any]) -> str:
+            if not result["changed"]:
+                return f"unchanged: revision {result['toRevision']}'s spec is already the current one"
+            return f"rolling back to revision {result['toRevision']} (generation {result['generation']})"
+
+        return await run(request, commands.undo(name, toRevision), done)
