@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -157,6 +158,19 @@ class HostPoolSpec(_Strict):
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class HostPoolRecord:
+    """A pool as stored: its spec as applied, and when."""
+
+    name: str
+    spec_json: str
+    created_at: float
+    updated_at: float
+
+    def spec(self) -> HostPoolSpec:
+        return HostPoolSpec.model_validate_json(self.spec_json)
 
 
 def is_host_pool(document: Any) -> bool:

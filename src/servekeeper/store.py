@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from servekeeper.hostpool import HostPoolRecord
 from servekeeper.status import (
     CanaryState,
     ClusterPorts,
@@ -121,6 +122,15 @@ MIGRATIONS: list[str] = [
         ended_by TEXT,
         message TEXT,
         PRIMARY KEY (service, revision)
+    );
+    """,
+    # 6: host pools (issue 10): the machines multi-host clusters run on, as applied
+    """
+    CREATE TABLE host_pools (
+        name TEXT PRIMARY KEY,
+        spec_json TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
     );
     """,
 ]
@@ -487,6 +497,37 @@ class Store:
                 (key, json.dumps(value)),
             )
 
+    # -- host pools ----------------------------------------------------------------------
+
+    def apply_host_pool(self, name: str, spec_json: str, now: float) -> tuple[HostPoolRecord, bool]:
+        """Store a pool's spec; returns the stored record and whether anything was written."""
+        with self.transaction() as tx:
+            current = _select_host_pool(self._connection(), name)  # this transaction's connection
+            if current is not None and current.spec_json == spec_json:
+                return current, False
+            record = HostPoolRecord(
+                name=name,
+                spec_json=spec_json,
+                created_at=current.created_at if current else now,
+                updated_at=now,
+            )
+            tx.execute(
+                "INSERT OR REPLACE INTO host_pools (name, spec_json, created_at, updated_at) VALUES (?, ?, ?, ?)",
+                (record.name, record.spec_json, record.created_at, record.updated_at),
+            )
+        return record, True
+
+    def get_host_pool(self, name: str) -> HostPoolRecord | None:
+        return _select_host_pool(self._connection(), name)
+
+    def list_host_pools(self) -> list[HostPoolRecord]:
+        return [_host_pool_from_row(row) for row in self._read("SELECT * FROM host_pools ORDER BY name")]
+
+    def delete_host_pool(self, name: str) -> bool:
+        with self.transaction() as tx:
+            tx.execute("DELETE FROM host_pools WHERE name = ?", (name,))
+            return tx.changes() > 0
+
 
 class _Tx:
     """Reads and writes inside one transaction."""
@@ -633,6 +674,17 @@ def _connect(path: Path) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def _select_host_pool(db: sqlite3.Connection, name: str) -> HostPoolRecord | None:
+    row = db.execute("SELECT * FROM host_pools WHERE name = ?", (name,)).fetchone()
+    return _host_pool_from_row(row) if row else None
+
+
+def _host_pool_from_row(row: sqlite3.Row) -> HostPoolRecord:
+    return HostPoolRecord(
+        name=row["name"], spec_json=row["spec_json"], created_at=row["created_at"], updated_at=row["updated_at"]
+    )
 
 
 def _select_service(db: sqlite3.Connection, name: str) -> ServiceRecord | None:
