@@ -339,18 +339,10 @@ class ServiceSpecBody(_Strict):
     rollbackWindowSeconds: float = Field(default=0, ge=0, le=7 * 86400)
     revisionHistoryLimit: int = Field(default=10, ge=1, le=1000)
 
-    @model_validator(mode="after")
-    def _canary_needs_new_clusters(self) -> ServiceSpecBody:
-        if self.upgradeStrategy.type == "Canary" and "serveConfigUpdate" in self.model_fields_set:
-            if self.serveConfigUpdate == "InPlace":
-                raise ValueError(
-                    "upgradeStrategy Canary rolls every change out on a new cluster; "
-                    "serveConfigUpdate InPlace contradicts it (remove it or set NewCluster)"
-                )
-        return self
-
     @property
     def rolls_config_changes_on_new_cluster(self) -> bool:
+        """A canary needs a cluster beside the active one: with upgradeStrategy Canary every Serve
+        config change rolls out on a new cluster, whatever serveConfigUpdate says."""
         return self.serveConfigUpdate == "NewCluster" or self.upgradeStrategy.type == "Canary"
 
 

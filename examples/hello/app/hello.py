@@ -5,23 +5,36 @@ app DEPLOYING (healthy, not ready) until every replica has finished it.
 
 A GET answers the version (`msg`); a POST answers the version on the first line, then the request
 body verbatim, so a load client can tell a complete answer from a truncated or mixed-up one.
+`error_rate` and `delay_s` make a bad release for canary tests: that share of requests answers
+500, and every answer takes that long.
 """
 
+import asyncio
+import random
 import time
 
 from ray import serve
 from starlette.requests import Request
+from starlette.responses import PlainTextResponse
 
 
 @serve.deployment
 class Hello:
-    def __init__(self, msg: str, ready_delay_s: float, fail_on_start: bool = False) -> None:
+    def __init__(
+        self, msg: str, ready_delay_s: float, fail_on_start: bool = False, error_rate: float = 0, delay_s: float = 0
+    ) -> None:
         time.sleep(ready_delay_s)
         if fail_on_start:  # a broken release: the constructor raises, the app ends DEPLOY_FAILED
             raise RuntimeError("hello: this release fails on start")
         self.msg = msg
+        self.error_rate = error_rate
+        self.delay_s = delay_s
 
-    async def __call__(self, request: Request) -> str:
+    async def __call__(self, request: Request) -> str | PlainTextResponse:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.error_rate and random.random() < self.error_rate:
+            return PlainTextResponse(f"{self.msg}: injected failure", status_code=500)
         if request.method == "POST":
             body = await request.body()
             return f"{self.msg}\n{body.decode()}"
@@ -31,5 +44,9 @@ class Hello:
 def app(args: dict) -> serve.Application:
     options = {"num_replicas": int(args.get("replicas", 1)), "ray_actor_options": {"num_cpus": 0}}
     return Hello.options(**options).bind(
-        str(args.get("msg", "v1")), float(args.get("ready_delay_s", 0)), bool(args.get("fail_on_start", False))
+        str(args.get("msg", "v1")),
+        float(args.get("ready_delay_s", 0)),
+        bool(args.get("fail_on_start", False)),
+        float(args.get("error_rate", 0)),
+        float(args.get("delay_s", 0)),
     )

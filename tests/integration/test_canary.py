@@ -1,0 +1,270 @@
+"""Canary delivery on real Ray clusters behind real Envoy (issue 11).
+
+One daemon and one service are shared by the tests of this module, which run in order: each
+rolls the next version out as a canary and checks what the clients saw.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from servekeeper.testing import Load, LoadResult, Servekeeper, free_port, hello_spec, wait_until
+
+pytestmark = pytest.mark.ray
+
+NAME = "canary"
+
+
+class Shared:
+    def __init__(self, sk: Servekeeper, port: int, preview_port: int) -> None:
+        self.sk = sk
+        self.port = port
+        self.preview_port = preview_port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    @property
+    def preview_url(self) -> str:
+        return f"http://127.0.0.1:{self.preview_port}/"
+
+    def spec(
+        self,
+        msg: str,
+        steps: list[dict[str, Any]],
+        analysis: dict[str, Any] | None = None,
+        rollback_window_s: float = 0,
+        **app_args: Any,
+    ) -> dict[str, Any]:
+        canary: dict[str, Any] = {"steps": steps}
+        if analysis is not None:
+            canary["analysis"] = analysis
+        document = hello_spec(
+            NAME,
+            self.port,
+            msg=msg,
+            upgradeStrategy={"type": "Canary", "canary": canary},
+            rollbackWindowSeconds=rollback_window_s,
+            rayClusterDeletionDelaySeconds=30,
+        )
+        document["spec"]["ingress"]["previewPort"] = self.preview_port
+        document["spec"]["serveConfig"]["applications"][0]["args"].update(app_args)
+        return document
+
+    def events(self, reason: str, since: float = 0) -> list[tuple[float, str]]:
+        with self.sk.db() as db:
+            rows = db.execute(
+                "SELECT time, message FROM events WHERE service = ? AND reason = ? AND time >= ? ORDER BY id",
+                (NAME, reason, since),
+            ).fetchall()
+        return [(row[0], row[1]) for row in rows]
+
+    def wait_event(self, reason: str, since: float, timeout: float = 120) -> tuple[float, str]:
+        wait_until(lambda: self.events(reason, since), timeout, f"event {reason}")
+        return self.events(reason, since)[0]
+
+    def view(self) -> dict[str, Any]:
+        return self.sk.api_get(NAME)
+
+    def canary(self) -> dict[str, Any] | None:
+        pending = self.view().get("pendingCluster")
+        return pending.get("canary") if pending else None
+
+    def command(self, verb: str, body: dict[str, Any] | None = None) -> Any:
+        return self.sk._api("POST" if verb != "history" else "GET", f"/api/v1/services/{NAME}/{verb}", body)
+
+    def cluster_rows(self) -> list[dict[str, Any]]:
+        return self.sk.clusters()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    state_dir = Path(tempfile.mkdtemp(prefix="skstate-"))
+    sk = Servekeeper(state_dir, tmp_path_factory.mktemp("canary"))
+    sk.up()
+    context = Shared(sk, free_port(), free_port())
+    try:
+        sk.apply(context.spec("v1", steps=[{"setWeight": 50}]))
+        assert sk.wait(NAME) == 0
+        yield context
+    finally:
+        leftovers = sk.down_and_check_nothing_left()
+        assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def share_of(result: LoadResult, version: str, start: float, end: float) -> tuple[float, int]:
+    answers = [label for when, label in result.timeline if start <= when < end and not label.startswith("HTTP")]
+    return (answers.count(version) / len(answers) if answers else 0.0), len(answers)
+
+
+def test_steps_split_traffic_as_weighted_and_the_preview_port_answers_from_the_canary(shared: Shared) -> None:
+    no_preview = httpx.get(shared.preview_url, timeout=5)
+    assert no_preview.status_code == 503 and "no preview" in no_preview.text
+    applied = time.time()
+    steps = [{"setWeight": 10}, {"pause": {"duration": "14s"}}, {"setWeight": 50}, {"pause": {"duration": "14s"}}]
+    with Load(shared.url, clients=24) as load:
+        shared.sk.apply(shared.spec("v2", steps=steps))
+        # Before the canary takes traffic, the preview port already answers from it only.
+        wait_until(lambda: httpx.get(shared.preview_url, timeout=5).status_code == 200, 120, "the preview")
+        previews = [httpx.get(shared.preview_url, timeout=5).text for _ in range(40)]
+        assert set(previews) == {"v2"}
+        assert shared.sk.wait(NAME, timeout=240) == 0
+        switched, _ = shared.wait_event("TrafficSwitched", applied)
+        time.sleep(3)
+        result = load.stop()
+    assert result.failed == 0, result.failures
+    weights = shared.events("CanaryWeight", applied)
+    assert [message.split("%")[0] for _, message in weights] == ["10", "50"]
+    boundaries = [weights[0][0], weights[1][0], switched]
+    for (start, end), weight in zip([(boundaries[0], boundaries[1]), (boundaries[1], boundaries[2])], [10, 50]):
+        share, counted = share_of(result, "v2", start + 1.0, end - 0.5)
+        assert counted >= 400, f"only {counted} answers at {weight}%"
+        assert abs(share * 100 - weight) <= 5, f"{share:.3f} of answers from v2 at weight {weight}"
+    after, counted = share_of(result, "v2", switched + 1.0, time.time())
+    assert after == 1.0 and counted > 100
+    assert httpx.get(shared.preview_url, timeout=5).status_code == 503, "no pending cluster: no preview"
+
+
+ANALYSIS = {"interval": "5s", "minRequests": 50, "successRate": {"min": 0.95}, "failureLimit": 1}
+
+
+def test_a_release_failing_one_request_in_five_is_aborted_by_analysis(shared: Shared) -> None:
+    applied = time.time()
+    steps = [{"setWeight": 20}, {"pause": {}}]
+    with Load(shared.url, clients=24) as load:
+        shared.sk.apply(shared.spec("v3", steps=steps, analysis=ANALYSIS, error_rate=0.2))
+        started, _ = shared.wait_event("CanaryWeight", applied, timeout=120)
+        aborted, message = shared.wait_event("RolloutAborted", applied, timeout=60)
+        time.sleep(3)
+        result = load.stop()
+    assert aborted - started <= 5 * (1 + 1) + 5, f"aborted {aborted - started:.1f}s after the canary took traffic"
+    assert message.startswith("AnalysisFailed") and "stable" in message, message
+    during = [label for when, label in result.timeline if started <= when <= aborted + 1]
+    failed = sum(1 for label in during if label == "HTTP 500")
+    # 20% of the canary's 20% share fail: allow for chance, never more than twice that.
+    assert failed <= 2 * 0.2 * 0.2 * len(during) + 10, f"{failed} failed of {len(during)}"
+    assert set(result.failures) <= {"HTTP 500"}, result.failures
+    late = [label for when, label in result.timeline if when > aborted + 1.0]
+    assert late and set(late) == {"v2"}, "the stable version serves everything after the abort"
+    assert shared.sk.wait(NAME, timeout=30) == 1, "wait reports the failed rollout"
+    ready = shared.sk.condition(NAME, "Ready")
+    assert ready["status"] == "True"
+    failed_condition = shared.sk.condition(NAME, "RolloutFailed")
+    assert failed_condition["reason"] == "AnalysisFailed"
+
+
+def test_a_slow_release_is_aborted_with_its_measured_p99(shared: Shared) -> None:
+    applied = time.time()
+    analysis = {"interval": "5s", "minRequests": 20, "latencyP99Ms": {"max": 300}, "failureLimit": 0}
+    with Load(shared.url, clients=16, post_share=0.5) as load:
+        shared.sk.apply(shared.spec("v4", steps=[{"setWeight": 30}, {"pause": {}}], analysis=analysis, delay_s=0.8))
+        _, message = shared.wait_event("RolloutAborted", applied, timeout=150)
+        result = load.stop()
+    assert "p99" in message and "> 300 ms" in message, message
+    p99 = float(message.split("p99 ")[1].split(" ms")[0])
+    # Every canary answer takes 800 ms or more (more when requests queue at its one replica).
+    assert 800 <= p99 <= 10_000, message
+    assert result.failed == 0, result.failures
+
+
+def test_pause_waits_for_promote_and_undo_in_the_window_switches_back_without_a_cluster(shared: Shared) -> None:
+    applied = time.time()
+    shared.sk.apply(shared.spec("v5", steps=[{"setWeight": 30}, {"pause": {}}], rollback_window_s=120))
+    shared.wait_event("CanaryWeight", applied, timeout=120)
+    time.sleep(4)
+    canary = shared.canary()
+    assert canary is not None and canary["weight"] == 30 and canary["stepDescription"].endswith("pause until promote")
+    shared.command("promote", {"full": False})
+    assert shared.sk.wait(NAME, timeout=30) == 0
+    assert all(httpx.get(shared.url, timeout=5).text == "v5" for _ in range(20))
+    names_before = {row["name"] for row in shared.cluster_rows()}
+
+    undone_at = time.time()
+    answer = shared.command("undo", {})
+    assert answer["changed"] and answer["toRevision"] == 2  # v2: the last revision that rolled out
+    deadline = time.time() + 5
+    while httpx.get(shared.url, timeout=5).text != "v2":
+        assert time.time() < deadline
+        time.sleep(0.02)
+    switch_back = time.time() - undone_at
+    assert switch_back < 1.0, f"undo within the window took {switch_back:.2f}s"
+    assert all(httpx.get(shared.url, timeout=5).text == "v2" for _ in range(20))
+    assert {row["name"] for row in shared.cluster_rows()} <= names_before, "no new cluster"
+    assert shared.events("TrafficSwitchedBack", undone_at)
+
+
+def test_promote_full_abort_and_undo_to_a_revision_after_the_window(shared: Shared) -> None:
+    steps = [{"setWeight": 20}, {"pause": {}}, {"setWeight": 60}, {"pause": {}}]
+    applied = time.time()
+    shared.sk.apply(shared.spec("v6", steps=steps))
+    shared.wait_event("CanaryWeight", applied, timeout=120)
+    shared.command("promote", {"full": True})
+    assert shared.sk.wait(NAME, timeout=30) == 0
+    assert httpx.get(shared.url, timeout=5).text == "v6"
+
+    applied = time.time()
+    shared.sk.apply(shared.spec("v7", steps=steps))
+    shared.wait_event("CanaryWeight", applied, timeout=120)
+    shared.command("abort")
+    _, message = shared.wait_event("RolloutAborted", applied, timeout=20)
+    assert message.startswith("Aborted")
+    assert all(httpx.get(shared.url, timeout=5).text == "v6" for _ in range(20))
+
+    history = shared.command("history")["revisions"]
+    outcomes = {r["revision"]: (r["outcome"], r["endedBy"]) for r in history}
+    v3 = next(r for r in history if r["revision"] == 3)
+    assert v3["outcome"] == "Aborted" and v3["endedBy"] == "canary analysis"
+    assert outcomes[max(outcomes)] == ("Aborted", "servekeeper abort"), outcomes
+    assert any(r["cause"].startswith("undo to revision") for r in history)
+
+    before = {row["name"] for row in shared.cluster_rows()}
+    shared.command("undo", {"toRevision": 1})
+    assert shared.sk.wait(NAME, timeout=240) == 0
+    assert httpx.get(shared.url, timeout=5).text == "v1"
+    assert {row["name"] for row in shared.cluster_rows()} - before, "after the window, undo rolls a cluster"
+
+
+def test_a_controller_killed_mid_pause_resumes_the_same_step_and_remaining_pause(shared: Shared) -> None:
+    analysis = {"interval": "3s", "minRequests": 10, "successRate": {"min": 0.9}, "failureLimit": 1}
+    steps = [{"setWeight": 40}, {"pause": {"duration": "25s"}}]
+    applied = time.time()
+    with Load(shared.url, clients=12) as load:
+        shared.sk.apply(shared.spec("v8", steps=steps, analysis=analysis))
+        shared.wait_event("CanaryWeight", applied, timeout=120)
+        wait_until(lambda: (shared.canary() or {}).get("passedIntervals", 0) >= 1, 30, "an analysis interval")
+        before = stored_canary(shared)
+        shared.sk.kill_controller()
+        time.sleep(6)  # down mid-pause and mid-interval; Envoy keeps the 40% split meanwhile
+        shared.sk.up()
+        wait_until(
+            lambda: (shared.canary() or {}).get("passedIntervals", 0) > before["passedIntervals"], 30, "analysis"
+        )
+        after = stored_canary(shared)
+        assert after["step"] == before["step"] == 1
+        assert after["stepStartedAt"] == before["stepStartedAt"], "the pause was not restarted"
+        assert after["passedIntervals"] >= before["passedIntervals"]
+        assert shared.sk.wait(NAME, timeout=120) == 0
+        switched, _ = shared.wait_event("TrafficSwitched", applied, timeout=5)
+        result = load.stop()
+    assert abs(switched - (before["stepStartedAt"] + 25)) < 3, "the pause ended when the stored one said"
+    assert result.failed == 0, result.failures
+    weights = [message for _, message in shared.events("CanaryWeight", applied)]
+    assert len(weights) == 1, f"the weight was set once, not reset by the restart: {weights}"
+
+
+def stored_canary(shared: Shared) -> dict[str, Any]:
+    import json
+
+    with sqlite3.connect(f"file:{shared.sk.state_dir / 'store.db'}?mode=ro", uri=True) as db:
+        row = db.execute("SELECT canary_json FROM clusters WHERE service = ? AND role = 'pending'", (NAME,)).fetchone()
+    assert row is not None and row[0]
+    return dict(json.loads(row[0]))
