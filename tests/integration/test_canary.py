@@ -125,7 +125,9 @@ def test_steps_split_traffic_as_weighted_and_the_preview_port_answers_from_the_c
     weights = shared.events("CanaryWeight", applied)
     assert [message.split("%")[0] for _, message in weights] == ["10", "50"]
     boundaries = [weights[0][0], weights[1][0], switched]
-    for (start, end), weight in zip([(boundaries[0], boundaries[1]), (boundaries[1], boundaries[2])], [10, 50]):
+    for (start, end), weight in zip(
+        [(boundaries[0], boundaries[1]), (boundaries[1], boundaries[2])], [10, 50], strict=True
+    ):
         share, counted = share_of(result, "v2", start + 1.0, end - 0.5)
         assert counted >= 400, f"only {counted} answers at {weight}%"
         assert abs(share * 100 - weight) <= 5, f"{share:.3f} of answers from v2 at weight {weight}"
