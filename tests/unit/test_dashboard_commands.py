@@ -128,6 +128,9 @@ def test_the_service_page_shows_buttons_canary_and_history(browser: TestClient, 
     login(browser)
     page = browser.get("/ui/services/hello").text
     assert 'id="action-result"' in page and 'hx-post="/ui/services/hello/undo"' in page
+    # The buttons sit inside #live, whose hx-swap="outerHTML" they would inherit (and so replace
+    # the result line itself): their containers set the target and the swap.
+    assert page.count('hx-target="#action-result" hx-swap="innerHTML"') == 2
     assert "/promote" not in page and "/abort" not in page  # no rollout pending
     assert '<tr data-revision="2" class="current">' in page and "(current)" in page
     assert 'hx-post="/ui/services/hello/undo?toRevision=1"' in page and "toRevision=2" not in page
