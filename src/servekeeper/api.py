@@ -21,6 +21,7 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from servekeeper.api_hosts import add_host_routes
 from servekeeper.api_rollouts import RolloutCommands, add_rollout_routes
 from servekeeper.controller import Controller
 from servekeeper.core.placement import insufficient_capacity
@@ -231,6 +232,8 @@ def build_app(
     async def shutdown(body: ShutdownRequest) -> dict[str, Any]:
         await request_shutdown(body.stopClusters)
         return {"ok": True}
+
+    add_host_routes(app, store)  # /api/v1/hostpools: host pools for multi-host clusters (issue 10)
 
     if dashboard is not None:
 

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from servekeeper.cli_hosts import hosts_app
 from servekeeper.client import (
     ApiError,
     Client,
@@ -157,6 +158,9 @@ def apply(
     with _shown_errors():  # the file is checked before the daemon is looked for
         result = _client(state_dir).apply(file)
     verb = "configured" if result["changed"] else "unchanged"
+    if result.get("kind") == "HostPool":  # `kind: HostPool`: see servekeeper hosts
+        console.print(f"hostpool/{result['name']} {verb}")
+        return
     console.print(f"service/{result['name']} {verb} (generation {result['generation']})")
     if watch:
         _watch(result["name"], state_dir, follow=True, timeout=timeout, events_from=applied_at - 1)
@@ -427,6 +431,7 @@ def export(
 
 secret_app = typer.Typer(no_args_is_help=True, help="Secrets that KubeRay manifests name in valueFrom.secretKeyRef.")
 app.add_typer(secret_app, name="secret")
+app.add_typer(hosts_app, name="hosts")  # host pools (issue 10): cli_hosts.py
 
 
 @secret_app.command("set")

@@ -30,7 +30,9 @@ from typing import Any, Literal, TypedDict
 
 import httpx
 import yaml
+from typing_extensions import NotRequired
 
+from servekeeper.hostpool import is_host_pool, parse_host_pool, read_single_document
 from servekeeper.kuberay.translate import is_kuberay
 from servekeeper.spec import MAX_SPEC_BYTES, ServiceSpec, SpecError, load_spec_file
 
@@ -135,6 +137,7 @@ class ApplyResult(TypedDict):
     name: str
     generation: int
     changed: bool  # False: the same spec (and code) was already stored
+    kind: NotRequired[str]  # "HostPool" for a host pool (then generation is 0); absent for a service
 
 
 class DeleteResult(TypedDict):
@@ -388,6 +391,30 @@ def _spec_document(spec: SpecSource) -> dict[str, Any]:
         raise SpecInvalid(exc.problems, source=str(path)) from exc
 
 
+def _host_pool_document(spec: SpecSource) -> dict[str, Any] | None:
+    """A HostPool (a file or a mapping whose kind says so) as `apply` posts it, else None. A file
+    is checked here, like a service spec, so a bad one never reaches the daemon."""
+    if isinstance(spec, ServiceSpec):
+        return None
+    if isinstance(spec, Mapping):
+        return dict(spec) if is_host_pool(dict(spec)) else None
+    path = Path(spec)
+    try:
+        document = read_single_document(path)
+    except SpecError:
+        return None  # reported as the service spec it then is taken for
+    if not is_host_pool(document):
+        return None
+    try:
+        return parse_host_pool(document).model_dump(mode="json")
+    except SpecError as exc:
+        raise SpecInvalid(exc.problems, source=str(path)) from exc
+
+
+HOST_CHECK_TIMEOUT_S = 120.0  # every host at once, each with its connect timeout and a retry
+HostPoolViews = list[dict[str, Any]]  # an alias: inside the client classes `list` names a method
+
+
 def _wait_verdict(view: ServiceView) -> bool:
     """True once the latest generation is rolled out and Ready; raises if it will not be."""
     current = view.get("observedGeneration") == view.get("generation")
@@ -451,8 +478,11 @@ class Client:
         return bool(self._call("GET", "/healthz").get("ok"))
 
     def apply(self, spec: SpecSource) -> ApplyResult:
-        """Create or update a service from a spec file path, a mapping, or a `ServiceSpec`."""
-        result: ApplyResult = self._call("POST", "/api/v1/services", json=_apply_body(spec))
+        """Create or update a service from a spec file path, a mapping, or a `ServiceSpec`
+        (or a host pool: `kind: HostPool`)."""
+        pool = _host_pool_document(spec)
+        path = "/api/v1/services" if pool is None else "/api/v1/hostpools"
+        result: ApplyResult = self._call("POST", path, json=_apply_body(spec) if pool is None else {"spec": pool})
         return result
 
     def get(self, name: str) -> ServiceView:
@@ -522,6 +552,20 @@ class Client:
         answer = self._call("POST", "/api/v1/dashboard/login-codes")
         return f"{base}{answer['path']}"
 
+    def host_pools(self, name: str | None = None) -> HostPoolViews:
+        """Every stored host pool (or the one named), with its hosts."""
+        if name is not None:
+            return [self._call("GET", f"/api/v1/hostpools/{name}")]
+        return list(self._call("GET", "/api/v1/hostpools"))
+
+    def check_hosts(self, pool: str) -> dict[str, Any]:
+        """The daemon connects to every host of `pool` (host keys checked) and compares each
+        one's Python and Ray with its own: `ok`, and per host `state` and `problem`."""
+        return dict(self._call("POST", f"/api/v1/hostpools/{pool}/check", timeout=HOST_CHECK_TIMEOUT_S))
+
+    def delete_host_pool(self, name: str) -> None:
+        self._call("DELETE", f"/api/v1/hostpools/{name}")
+
 
 class AsyncClient:
     """The same as `Client`, with coroutines (`async with AsyncClient() as client: ...`)."""
@@ -569,7 +613,10 @@ class AsyncClient:
         return bool((await self._call("GET", "/healthz")).get("ok"))
 
     async def apply(self, spec: SpecSource) -> ApplyResult:
-        result: ApplyResult = await self._call("POST", "/api/v1/services", json=_apply_body(spec))
+        pool = _host_pool_document(spec)
+        path = "/api/v1/services" if pool is None else "/api/v1/hostpools"
+        body = _apply_body(spec) if pool is None else {"spec": pool}
+        result: ApplyResult = await self._call("POST", path, json=body)
         return result
 
     async def get(self, name: str) -> ServiceView:
@@ -620,6 +667,17 @@ class AsyncClient:
     async def history(self, name: str) -> RevisionViews:
         answer: HistoryView = await self._call("GET", f"/api/v1/services/{name}/history")
         return answer["revisions"]
+
+    async def host_pools(self, name: str | None = None) -> HostPoolViews:
+        if name is not None:
+            return [await self._call("GET", f"/api/v1/hostpools/{name}")]
+        return list(await self._call("GET", "/api/v1/hostpools"))
+
+    async def check_hosts(self, pool: str) -> dict[str, Any]:
+        return dict(await self._call("POST", f"/api/v1/hostpools/{pool}/check", timeout=HOST_CHECK_TIMEOUT_S))
+
+    async def delete_host_pool(self, name: str) -> None:
+        await self._call("DELETE", f"/api/v1/hostpools/{name}")
 
 
 __all__ = [

@@ -254,7 +254,7 @@ class HostConnection:
 async def check_host(host: HostSpec) -> Versions:
     """Connect to `host` (host key verified) and read its Python and Ray versions."""
     async with HostConnection(host) as connection:
-        return await with_retries(connection.versions)
+        return await with_retries(connection.versions, attempts=2)
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,0 +1,124 @@
+"""The daemon's host pool routes (issue 10), added to the API app by `add_host_routes`.
+
+They sit behind the API's bearer token like every route (the app's middleware). A check connects
+to every host of a pool at once, from the daemon: the controller's own Ray and Python are what
+every node must match, and its known_hosts files are what host keys are checked against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel
+
+from servekeeper.hostpool import HostPoolRecord, HostSpec, parse_host_pool
+from servekeeper.spec import SpecError
+from servekeeper.ssh import (
+    AuthenticationRefused,
+    HostKeyRefused,
+    SshError,
+    Versions,
+    check_host,
+    controller_versions,
+    version_mismatch,
+)
+from servekeeper.store import Store
+
+
+class HostPoolRequest(BaseModel):
+    spec: dict[str, Any]
+
+
+def host_view(host: HostSpec) -> dict[str, Any]:
+    return {
+        "name": host.name,
+        "address": host.address,
+        "sshUser": host.ssh.user,
+        "sshPort": host.ssh.port,
+        "python": host.python,
+        "resources": host.resources.model_dump(mode="json"),
+    }
+
+
+def pool_view(record: HostPoolRecord) -> dict[str, Any]:
+    return {
+        "name": record.name,
+        "createdAt": record.created_at,
+        "updatedAt": record.updated_at,
+        "hosts": [host_view(host) for host in record.spec().spec.hosts],
+    }
+
+
+async def check_one(host: HostSpec, controller: Versions) -> dict[str, Any]:
+    """Connect to `host` and compare its Python and Ray with the controller's.
+
+    state: ok | mismatch (versions differ) | refused (host key or login refused) |
+    unreachable (no answer; may pass later) | error (the version command failed)."""
+    result = {**host_view(host), "python": None, "ray": None, "pythonPath": host.python}
+    try:
+        versions = await check_host(host)
+    except SshError as exc:
+        if exc.retryable:
+            state = "unreachable"
+        elif isinstance(exc, (HostKeyRefused, AuthenticationRefused)):
+            state = "refused"
+        else:
+            state = "error"
+        return {**result, "state": state, "reachable": False, "ok": False, "problem": str(exc)}
+    problem = version_mismatch(host.name, versions, controller)
+    return {
+        **result,
+        "python": versions.python,
+        "ray": versions.ray,
+        "state": "mismatch" if problem else "ok",
+        "reachable": True,
+        "ok": problem is None,
+        "problem": problem,
+    }
+
+
+def add_host_routes(app: FastAPI, store: Store) -> None:
+    def record_of(name: str) -> HostPoolRecord:
+        record = store.get_host_pool(name)
+        if record is None:
+            raise HTTPException(status_code=404, detail=f"host pool {name!r} not found")
+        return record
+
+    @app.post("/api/v1/hostpools")
+    async def apply_host_pool(body: HostPoolRequest) -> dict[str, Any]:
+        try:
+            pool = parse_host_pool(body.spec)
+        except SpecError as exc:
+            raise HTTPException(status_code=422, detail={"problems": exc.problems}) from exc
+        record, changed = store.apply_host_pool(pool.name, pool.to_json(), time.time())
+        # Shaped like a service's apply answer; a pool has no generations.
+        return {"name": record.name, "generation": 0, "changed": changed, "kind": "HostPool"}
+
+    @app.get("/api/v1/hostpools")
+    async def list_host_pools() -> list[dict[str, Any]]:
+        return [pool_view(record) for record in store.list_host_pools()]
+
+    @app.get("/api/v1/hostpools/{name}")
+    async def get_host_pool(name: str) -> dict[str, Any]:
+        return pool_view(record_of(name))
+
+    @app.delete("/api/v1/hostpools/{name}")
+    async def delete_host_pool(name: str) -> dict[str, Any]:
+        record_of(name)
+        store.delete_host_pool(name)
+        return {"name": name, "deleted": True}
+
+    @app.post("/api/v1/hostpools/{name}/check")
+    async def check_host_pool(name: str) -> dict[str, Any]:
+        hosts = record_of(name).spec().spec.hosts
+        controller = controller_versions()
+        results = await asyncio.gather(*(check_one(host, controller) for host in hosts))
+        return {
+            "name": name,
+            "controller": {"python": controller.python, "ray": controller.ray},
+            "ok": all(result["ok"] for result in results),
+            "hosts": list(results),
+        }
