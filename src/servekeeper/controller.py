@@ -290,8 +290,12 @@ class Controller:
             return ClusterObservation(
                 name=cluster.name, processes_alive=True, dead_workers=len(dead_workers), error=reason
             )
+        capacity = None
         try:
-            apps = await self.serve.applications(cluster.dashboard_url)
+            if cluster.target_capacity is not None:  # managed: what Ray scales to is part of the look
+                apps, capacity = await self.serve.applications_with_capacity(cluster.dashboard_url)
+            else:
+                apps = await self.serve.applications(cluster.dashboard_url)
         except (RetryableServeError, PermanentServeError) as exc:
             return ClusterObservation(name=cluster.name, processes_alive=True, error=str(exc))
         healthy, routes = await asyncio.gather(
@@ -306,6 +310,7 @@ class Controller:
             proxy_healthy=healthy,
             routes=routes,
             deployed_config_hash=self._deployed_config_hash(cluster, service, spec, apps),
+            target_capacity=capacity,
         )
 
     def _deployed_config_hash(
@@ -366,6 +371,8 @@ class Controller:
             self.store.update_cluster(action.cluster, **changes)
         elif isinstance(action, act.SetRoute):
             await self._set_route(service, spec, action, tick)
+        elif isinstance(action, act.SetTargetCapacity):
+            await self._set_target_capacity(action, service, tick)
         elif isinstance(action, act.RemoveRoute):
             try:
                 await self.dataplane.remove_route(service.name)
@@ -489,7 +496,30 @@ class Controller:
         self.hooks.reached("config-submitted", cluster, service.generation)
         self.store.update_cluster(cluster.name, config_submitted_at=self.clock())
 
+    async def _set_target_capacity(self, action: act.SetTargetCapacity, service: ServiceRecord, tick: _Tick) -> None:
+        cluster = self.store.get_cluster(action.cluster)
+        if cluster is None or cluster.applied_config_hash is None:
+            return
+        document = self._submitted_document(cluster.name, cluster.applied_config_hash)
+        if document is None:
+            return
+        try:
+            await self.serve.put_config(cluster.dashboard_url, {**document, "target_capacity": action.capacity})
+        except (RetryableServeError, PermanentServeError) as exc:
+            # Level-triggered: the planner asks again while Ray shows another capacity.
+            tick.events.append(Event(service.name, self.clock(), "Warning", "TargetCapacityRetry", str(exc)))
+            raise _StopTick from exc
+        logger.info("[%s/%s] target_capacity %g%%", service.name, cluster.name, action.capacity)
+
     async def _document_for(
+        self, action: act.SubmitConfig, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec, tick: _Tick
+    ) -> dict[str, Any]:
+        document = await self._untargeted_document_for(action, cluster, service, spec, tick)
+        if cluster.target_capacity is not None:
+            document = {**document, "target_capacity": cluster.target_capacity}
+        return document
+
+    async def _untargeted_document_for(
         self, action: act.SubmitConfig, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec, tick: _Tick
     ) -> dict[str, Any]:
         if self.store.count_submissions(cluster.name, action.config_hash) >= MAX_PUTS_PER_CONFIG:

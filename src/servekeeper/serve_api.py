@@ -65,14 +65,21 @@ class ServeClient:
             raise RetryableServeError(f"{method} {url} failed: {exc!r}") from exc
 
     async def applications(self, dashboard_url: str) -> dict[str, AppState]:
+        apps, _ = await self.applications_with_capacity(dashboard_url)
+        return apps
+
+    async def applications_with_capacity(self, dashboard_url: str) -> tuple[dict[str, AppState], float | None]:
+        """The apps, and Serve's target_capacity (None: unset, every replica)."""
         status, body = await self._request("GET", dashboard_url + APPLICATIONS_PATH, STATUS_TIMEOUT)
         if status >= 500:
             raise RetryableServeError(f"GET applications answered {status}: {body[:500]}")
         if status != 200:
             raise PermanentServeError(status, body[:2000])
         try:
-            return parse_applications(json.loads(body))
-        except (ValueError, AttributeError) as exc:
+            answer = json.loads(body)
+            capacity = answer.get("target_capacity")
+            return parse_applications(answer), float(capacity) if capacity is not None else None
+        except (ValueError, AttributeError, TypeError) as exc:
             raise RetryableServeError(f"GET applications returned unreadable JSON: {exc}") from exc
 
     async def put_config(self, dashboard_url: str, config: dict[str, Any]) -> None:

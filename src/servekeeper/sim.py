@@ -8,6 +8,7 @@ and by the scale benchmark; never instead of real Ray in integration tests.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 from servekeeper.core import actions as act
@@ -51,6 +52,10 @@ class SimCluster:
     deployed_hash: str | None = None  # the config Ray runs (what deployed_app_config would match)
     failing_configs: frozenset[str] = frozenset()  # configs whose apps end DEPLOY_FAILED
     lost_puts: int = 0  # the next PUTs fail (timeout, 503): Ray never gets them
+    replicas: int = 4  # of the one deployment, at target_capacity 100
+    target_capacity: float | None = None  # Serve's, as the last PUT set it
+    capacity_at: float | None = None  # when it changed: the deployment scales for `scale_s`
+    scale_s: float = 2.0
 
 
 @dataclass
@@ -130,8 +135,18 @@ class SimWorld:
             status = behaviour.app_status_after_deploy if deployed else AppStatus.DEPLOYING
             if deployed and behaviour.deployed_hash in behaviour.failing_configs:
                 status = AppStatus.DEPLOY_FAILED
+            capacity = behaviour.target_capacity if behaviour.target_capacity is not None else 100.0
+            scaling = behaviour.capacity_at is not None and self.now - behaviour.capacity_at < behaviour.scale_s
+            running = math.ceil(behaviour.replicas * capacity / 100) if status == AppStatus.RUNNING else 0
             for name, prefix in self.spec.declared_apps().items():
-                apps[name] = AppState(name=name, status=status, source=AppSource.DECLARATIVE, route_prefix=prefix)
+                apps[name] = AppState(
+                    name=name,
+                    status=status,
+                    source=AppSource.DECLARATIVE,
+                    route_prefix=prefix,
+                    running_replicas=running,
+                    settled=not scaling,
+                )
                 if status == AppStatus.RUNNING and prefix is not None:
                     routes.add(prefix)
         probes_pass = (
@@ -157,6 +172,7 @@ class SimWorld:
             routes=frozenset(routes),
             probes=probes,
             deployed_config_hash=behaviour.deployed_hash,
+            target_capacity=behaviour.target_capacity if cluster.target_capacity is not None else None,
         )
 
     def observe(self) -> Observation:
@@ -235,6 +251,11 @@ class SimWorld:
             )
             behaviour.config_at = self.now
             behaviour.deployed_hash = action.config_hash
+            behaviour.target_capacity = cluster.target_capacity
+        elif isinstance(action, act.SetTargetCapacity):
+            behaviour = self.sim[action.cluster]
+            behaviour.target_capacity = action.capacity
+            behaviour.capacity_at = self.now
         elif isinstance(action, act.UpdateCluster):
             self.clusters[action.cluster] = self.clusters[action.cluster].with_changes(**action.changes)
         elif isinstance(action, act.SetRoute):

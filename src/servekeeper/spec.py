@@ -227,8 +227,6 @@ class CanarySpec(_Strict):
         for index, step in enumerate(self.steps):
             if step.setWeight == 100 and index != len(self.steps) - 1:
                 raise ValueError(f"steps[{index}]: setWeight 100 promotes the canary; it can only be the last step")
-        if self.capacityFollowsTraffic:
-            raise ValueError("capacityFollowsTraffic is not supported yet; remove it (false)")
         return self
 
 

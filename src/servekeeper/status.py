@@ -267,6 +267,9 @@ class ClusterRecord:
     promote_requests: int = 0
     promote_full: bool = False
     abort_requested: bool = False
+    # Serve's target_capacity servekeeper wants on this cluster (None: not managed, Ray's 100);
+    # set when a canary's capacity follows its traffic.
+    target_capacity: float | None = None
 
     def with_changes(self, **changes: Any) -> ClusterRecord:
         return replace(self, **changes)
@@ -353,6 +356,8 @@ class AppState:
     route_prefix: str | None = None
     last_deployed_time_s: float | None = None
     deployed_config: dict[str, Any] | None = field(default=None, compare=False)  # Ray's deployed_app_config
+    running_replicas: int = 0  # replicas in state RUNNING, over the app's deployments
+    settled: bool = True  # every deployment HEALTHY: none scaling or updating
 
 
 @dataclass(frozen=True)
@@ -394,6 +399,7 @@ class ClusterObservation:
     error: str | None = None
     # Which of the configs servekeeper submitted Ray runs now, judged from deployed_app_config.
     deployed_config_hash: str | None = None
+    target_capacity: float | None = None  # Ray's, read only for clusters whose capacity is managed
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,7 @@ MIGRATIONS: list[str] = [
     ALTER TABLE clusters ADD COLUMN promote_requests INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE clusters ADD COLUMN promote_full INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE clusters ADD COLUMN abort_requested INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE clusters ADD COLUMN target_capacity REAL;
     CREATE TABLE revisions (
         service TEXT NOT NULL,
         revision INTEGER NOT NULL,
@@ -630,8 +631,8 @@ class _Tx:
             "role, ports_json, temp_dir, log_dir, created_at, head_pid, worker_pids_json, "
             "submitted_config_hash, applied_config_hash, config_submitted_at, ready_at, drain_started_at, "
             "failure_reason, package_hash, good_config_hash, canary_json, promote_requests, promote_full, "
-            "abort_requested) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "abort_requested, target_capacity) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 c.name,
                 c.service,
@@ -657,6 +658,7 @@ class _Tx:
                 c.promote_requests,
                 int(c.promote_full),
                 int(c.abort_requested),
+                c.target_capacity,
             ),
         )
 
@@ -755,4 +757,5 @@ def _cluster_from_row(row: sqlite3.Row) -> ClusterRecord:
         promote_requests=row["promote_requests"],
         promote_full=bool(row["promote_full"]),
         abort_requested=bool(row["abort_requested"]),
+        target_capacity=row["target_capacity"],
     )

@@ -270,3 +270,48 @@ def stored_canary(shared: Shared) -> dict[str, Any]:
         row = db.execute("SELECT canary_json FROM clusters WHERE service = ? AND role = 'pending'", (NAME,)).fetchone()
     assert row is not None and row[0]
     return dict(json.loads(row[0]))
+
+
+def running_replicas(dashboard_url: str) -> int:
+    try:
+        answer = httpx.get(f"{dashboard_url}/api/serve/applications/", timeout=3).json()
+    except (httpx.HTTPError, ValueError):
+        return 0
+    return sum(
+        1
+        for app in (answer.get("applications") or {}).values()
+        for deployment in (app.get("deployments") or {}).values()
+        for replica in deployment.get("replicas") or []
+        if replica.get("state") == "RUNNING"
+    )
+
+
+def test_capacity_follows_traffic_keeps_the_replica_sum_within_one_step(shared: Shared) -> None:
+    def spec(msg: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
+        document = shared.spec(msg, steps=steps, replicas=4)
+        document["spec"]["upgradeStrategy"]["canary"]["capacityFollowsTraffic"] = True
+        return document
+
+    shared.sk.apply(spec("v9", [{"setWeight": 50}]))  # four replicas on the stable side first
+    assert shared.sk.wait(NAME, timeout=240) == 0
+    steps = [{"setWeight": 25}, {"pause": {"duration": "4s"}}, {"setWeight": 50}, {"pause": {"duration": "4s"}}]
+    steps += [{"setWeight": 75}, {"pause": {"duration": "4s"}}]
+    peak, samples = 0, 0
+    with Load(shared.url, clients=8) as load:
+        shared.sk.apply(spec("v10", steps))
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            view = shared.view()
+            clusters = [view.get("activeCluster"), view.get("pendingCluster"), *view.get("otherClusters", [])]
+            urls = [c["dashboardUrl"] for c in clusters if c and c["role"] in ("active", "pending", "draining")]
+            peak = max(peak, sum(running_replicas(url) for url in urls))
+            samples += 1
+            if view["observedGeneration"] == view["generation"] and view.get("pendingCluster") is None:
+                break
+            time.sleep(0.3)
+        result = load.stop()
+    assert shared.sk.wait(NAME, timeout=10) == 0
+    assert samples > 50
+    assert peak <= 4 + 1, f"{peak} replicas running at once: 4 declared + 25% of 4 (one step)"
+    assert result.failed == 0, result.failures
+    assert set(result.bodies) >= {"v10"}

@@ -335,3 +335,55 @@ def test_canary_spec_errors_name_the_field(strategy: dict[str, Any], problem: st
     assert any(p.startswith("spec.upgradeStrategy") and problem in p for p in raised.value.problems), (
         raised.value.problems
     )
+
+
+def running_replicas(world: SimWorld) -> int:
+    total = 0
+    for cluster in world.clusters.values():
+        observed = world.observe_cluster(cluster)
+        total += sum(app.running_replicas for app in (observed.apps or {}).values())
+    return total
+
+
+def test_capacity_follows_traffic_never_needs_twice_the_replicas() -> None:
+    # Steps of 25 points (the last one is the promotion, 75 -> 100).
+    steps = [{"setWeight": 25}, {"pause": {"duration": "5s"}}, {"setWeight": 50}, {"pause": {"duration": "5s"}}]
+    steps += [{"setWeight": 75}, {"pause": {"duration": "5s"}}]
+    strategy = {"type": "Canary", "canary": {"steps": steps, "capacityFollowsTraffic": True}}
+    world = ready_world(make_spec(upgradeStrategy=strategy))
+    stable = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(make_spec(msg="v2", upgradeStrategy=strategy))
+    peak, weights_seen = 0, []
+    for _ in range(200):
+        world.tick()
+        world.advance(0.25)
+        peak = max(peak, running_replicas(world))
+        pending = world.with_role(ClusterRole.PENDING)
+        if pending and pending[0].canary is not None:
+            weights_seen.append((pending[0].canary.weight, pending[0].target_capacity, stable_capacity(world, stable)))
+        if world.service.observed_generation == 2:
+            break
+    assert world.service.observed_generation == 2
+    assert peak <= 4 + 1, f"{peak} replicas ran at once: declared 4 + one step's share (25% of 4)"
+    for weight, canary_capacity, _ in weights_seen:
+        assert canary_capacity is not None and canary_capacity >= weight, "capacity before traffic"
+    assert {(25, 25.0, 75.0), (50, 50.0, 50.0), (75, 75.0, 25.0)} <= set(weights_seen)
+    new = world.with_role(ClusterRole.ACTIVE)[0]
+    assert new.target_capacity == 100.0 and world.sim[new.name].target_capacity == 100.0
+
+
+def stable_capacity(world: SimWorld, stable: ClusterRecord) -> float | None:
+    return world.clusters[stable.name].target_capacity if stable.name in world.clusters else None
+
+
+def test_an_aborted_capacity_canary_gives_the_stable_cluster_its_replicas_back() -> None:
+    steps = [{"setWeight": 50}, {"pause": {}}]
+    strategy = {"type": "Canary", "canary": {"steps": steps, "capacityFollowsTraffic": True}}
+    world = ready_world(make_spec(upgradeStrategy=strategy))
+    stable, canary = canary_started(world, make_spec(msg="v2", upgradeStrategy=strategy))
+    world.run_for(3)
+    assert world.sim[stable.name].target_capacity == 50.0
+    world.clusters[canary.name] = pending_of(world).with_changes(abort_requested=True)
+    world.tick()
+    assert weights(world)[stable.name] == 100
+    assert world.sim[stable.name].target_capacity == 100.0

@@ -57,6 +57,15 @@ class SetRoute:
 
 
 @dataclass(frozen=True)
+class SetTargetCapacity:
+    """PUT the config the cluster runs again with Serve's `target_capacity` (percent of every
+    deployment's replicas): the apps stay as they are, only their replica counts change."""
+
+    cluster: str
+    capacity: float
+
+
+@dataclass(frozen=True)
 class RemoveRoute:
     pass
 
@@ -73,5 +82,13 @@ class ForgetService:
 
 
 Action = (
-    CreateCluster | StartCluster | SubmitConfig | UpdateCluster | SetRoute | RemoveRoute | DeleteCluster | ForgetService
+    CreateCluster
+    | StartCluster
+    | SubmitConfig
+    | UpdateCluster
+    | SetRoute
+    | SetTargetCapacity
+    | RemoveRoute
+    | DeleteCluster
+    | ForgetService
 )

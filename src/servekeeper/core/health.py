@@ -31,8 +31,19 @@ def parse_applications(serve_status: dict[str, Any]) -> dict[str, AppState]:
             route_prefix=details.get("route_prefix"),
             last_deployed_time_s=details.get("last_deployed_time_s"),
             deployed_config=details.get("deployed_app_config"),
+            running_replicas=_running_replicas(details),
+            settled=all(d.get("status") == "HEALTHY" for d in (details.get("deployments") or {}).values()),
         )
     return apps
+
+
+def _running_replicas(details: dict[str, Any]) -> int:
+    return sum(
+        1
+        for deployment in (details.get("deployments") or {}).values()
+        for replica in deployment.get("replicas") or []
+        if replica.get("state") == "RUNNING"
+    )
 
 
 def _message(details: dict[str, Any]) -> str:

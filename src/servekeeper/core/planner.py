@@ -17,6 +17,7 @@ from servekeeper.core.actions import (
     ForgetService,
     RemoveRoute,
     SetRoute,
+    SetTargetCapacity,
     StartCluster,
     SubmitConfig,
     UpdateCluster,
@@ -237,6 +238,11 @@ class _Planner:
         if not observed.dashboard_ok:
             return  # still starting
         if pending.applied_config_hash != self.desired_config_hash:
+            active = self._one(ClusterRole.ACTIVE)
+            first_config = pending.applied_config_hash is None and pending.target_capacity is None
+            if first_config and self._capacity_follows_traffic and active and self._canary_applies(pending, active):
+                # Born at the first step's share: the upgrade never needs twice the replicas.
+                pending = self._update_cluster(pending, target_capacity=self._first_canary_capacity())
             self._apply_config(pending, observed)
             return
         if observed.deployed_config_hash != self.desired_config_hash:
@@ -246,6 +252,8 @@ class _Planner:
             active = self._one(ClusterRole.ACTIVE)
             if active is not None and self._canary_applies(pending, active):
                 self._advance_canary(pending, active)
+            elif pending.target_capacity is not None and not self._settled_at(pending, 100.0):
+                self._scale(pending, 100.0)  # all the traffic needs all the replicas first
             else:
                 self._switch_all_traffic(pending)
 
@@ -283,6 +291,16 @@ class _Planner:
         decision = canary.advance(
             strategy, state, commands, self.observation.backend_counters, pending.name, active.name, self.now
         )
+        if active.target_capacity is not None:
+            self._scale(active, active.target_capacity)  # level-triggered: again if Ray shows another
+        if decision.outcome != canary.ABORT and pending.target_capacity is not None:
+            wanted = 100.0 if decision.outcome == canary.PROMOTE else float(decision.state.weight)
+            if wanted > pending.target_capacity or not self._settled_at(pending, pending.target_capacity):
+                # Capacity before traffic: the step waits until the canary's replicas run.
+                self._scale(pending, max(wanted, pending.target_capacity))
+                if pending.canary is None:
+                    self._do(UpdateCluster(pending.name, {"canary": state}))
+                return
         for reason, message, warning in decision.events:
             self._event(reason, message, warning)
         pending = pending.with_changes(canary=decision.state)
@@ -299,6 +317,38 @@ class _Planner:
             self._do(route_action)  # the ingress first, then the step is recorded
         if decision.state != state or pending.canary is None:
             self._do(UpdateCluster(pending.name, {"canary": decision.state}))
+        if pending.target_capacity is not None and decision.state.weight != state.weight:
+            # Traffic first, then the old cluster shrinks to what it still carries.
+            self._scale(active, float(100 - decision.state.weight))
+
+    @property
+    def _capacity_follows_traffic(self) -> bool:
+        strategy = self.spec.spec.upgradeStrategy.canary
+        return strategy is not None and strategy.capacityFollowsTraffic
+
+    def _first_canary_capacity(self) -> float:
+        strategy = self.spec.spec.upgradeStrategy.canary
+        weights = [step.setWeight for step in strategy.steps if step.setWeight] if strategy else []
+        return float(weights[0]) if weights else 100.0
+
+    def _scale(self, cluster: ClusterRecord, capacity: float) -> ClusterRecord:
+        """Want Serve's target_capacity at `capacity` on `cluster`; PUT it while Ray shows another."""
+        if cluster.target_capacity != capacity:
+            cluster = self._update_cluster(cluster, target_capacity=capacity)
+        observed = self._observed(cluster)
+        shown = observed.target_capacity if observed.target_capacity is not None else 100.0
+        if observed.dashboard_ok and cluster.applied_config_hash is not None and shown != capacity:
+            if not any(isinstance(a, SetTargetCapacity) and a.cluster == cluster.name for a in self.plan.actions):
+                self._do(SetTargetCapacity(cluster.name, capacity))
+        return cluster
+
+    def _settled_at(self, cluster: ClusterRecord, capacity: float) -> bool:
+        """Ray runs `cluster` at `capacity`, every judged deployment HEALTHY (none still scaling)."""
+        observed = self._observed(cluster)
+        shown = observed.target_capacity if observed.target_capacity is not None else 100.0
+        judged = judged_apps(observed.apps or {}, self.declared, self.all_apps)
+        settled = all(app.settled and app.status == AppStatus.RUNNING for app in judged.values())
+        return shown == capacity and bool(judged) and settled
 
     def _canary_status(self, name: str, state: CanaryState, strategy: CanarySpec) -> str:
         return _canary_status_line(name, state, strategy, self.now)
@@ -376,6 +426,8 @@ class _Planner:
                 self._create(ClusterRole.PENDING, "FirstApply" if first else "NoActiveCluster")
             return
         observed = self._observed(active)
+        if active.target_capacity is not None:
+            self._scale(active, 100.0)  # no canary beside it (any more): every replica
         if active.cluster_spec_hash == self.desired_cluster_hash and self._in_place_failed(active, observed):
             return
         if self._restoring(active):

@@ -70,8 +70,10 @@ RAY_ADDED_APP_KEYS = frozenset({"logging_config"})
 
 def _same(expected: Any, observed: Any) -> bool:
     if isinstance(expected, dict):
-        return isinstance(observed, dict) and set(expected) == set(observed) and all(
-            _same(value, observed[key]) for key, value in expected.items()
+        return (
+            isinstance(observed, dict)
+            and set(expected) == set(observed)
+            and all(_same(value, observed[key]) for key, value in expected.items())
         )
     if isinstance(expected, list):
         return (
