@@ -6,6 +6,7 @@ rolls the next version out as a canary and checks what the clients saw.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import tempfile
 import time
@@ -16,7 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
+from servekeeper import Client, Conflict
+from servekeeper.client import RevisionNotFound
 from servekeeper.testing import Load, LoadResult, Servekeeper, free_port, hello_spec, wait_until
+from tests.integration.observed_upgrade import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.ray
 
@@ -79,8 +83,9 @@ class Shared:
         pending = self.view().get("pendingCluster")
         return pending.get("canary") if pending else None
 
-    def command(self, verb: str, body: dict[str, Any] | None = None) -> Any:
-        return self.sk._api("POST" if verb != "history" else "GET", f"/api/v1/services/{NAME}/{verb}", body)
+    def client(self) -> Client:
+        """The Python client against the real daemon (found through the state dir)."""
+        return Client(self.sk.state_dir)
 
     def cluster_rows(self) -> list[dict[str, Any]]:
         return self.sk.clusters()
@@ -179,19 +184,36 @@ def test_a_slow_release_is_aborted_with_its_measured_p99(shared: Shared) -> None
 
 
 def test_pause_waits_for_promote_and_undo_in_the_window_switches_back_without_a_cluster(shared: Shared) -> None:
+    from playwright.sync_api import sync_playwright
+
     applied = time.time()
     shared.sk.apply(shared.spec("v5", steps=[{"setWeight": 30}, {"pause": {}}], rollback_window_s=120))
     shared.wait_event("CanaryWeight", applied, timeout=120)
-    time.sleep(4)
-    canary = shared.canary()
-    assert canary is not None and canary["weight"] == 30 and canary["stepDescription"].endswith("pause until promote")
-    shared.command("promote", {"full": False})
-    assert shared.sk.wait(NAME, timeout=30) == 0
+    login_url = shared.sk.cli("dashboard").stdout.strip()
+    api = login_url.split("/ui")[0]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
+        page.goto(login_url)
+        page.goto(f"{api}/ui/services/{NAME}")
+        page.wait_for_selector("text=pause until promote")
+        time.sleep(3)
+        canary = shared.canary()
+        assert canary is not None and canary["weight"] == 30, "pause {} holds the weight until promote"
+        assert canary["stepDescription"].endswith("pause until promote")
+        page.screenshot(path=str(ARTIFACTS / "dashboard-canary.png"), full_page=True)
+        page.click("button:text-is('promote')")  # the dashboard's button, behind its session cookie
+        assert shared.sk.wait(NAME, timeout=30) == 0
+        browser.close()
+    assert shared.events("CanaryResumed", applied), "the button promoted the canary"
     assert all(httpx.get(shared.url, timeout=5).text == "v5" for _ in range(20))
     names_before = {row["name"] for row in shared.cluster_rows()}
 
+    with shared.client() as client, pytest.raises(Conflict):
+        client.promote(NAME)  # no rollout in progress: refused, with the daemon's reason
     undone_at = time.time()
-    answer = shared.command("undo", {})
+    with shared.client() as client:
+        answer = client.undo(NAME)
     assert answer["changed"] and answer["toRevision"] == 2  # v2: the last revision that rolled out
     deadline = time.time() + 5
     while httpx.get(shared.url, timeout=5).text != "v2":
@@ -209,27 +231,32 @@ def test_promote_full_abort_and_undo_to_a_revision_after_the_window(shared: Shar
     applied = time.time()
     shared.sk.apply(shared.spec("v6", steps=steps))
     shared.wait_event("CanaryWeight", applied, timeout=120)
-    shared.command("promote", {"full": True})
+    with shared.client() as client:
+        client.promote(NAME, full=True)
     assert shared.sk.wait(NAME, timeout=30) == 0
     assert httpx.get(shared.url, timeout=5).text == "v6"
 
     applied = time.time()
     shared.sk.apply(shared.spec("v7", steps=steps))
     shared.wait_event("CanaryWeight", applied, timeout=120)
-    shared.command("abort")
+    shared.sk.cli("abort", NAME)
     _, message = shared.wait_event("RolloutAborted", applied, timeout=20)
     assert message.startswith("Aborted")
     assert all(httpx.get(shared.url, timeout=5).text == "v6" for _ in range(20))
 
-    history = shared.command("history")["revisions"]
+    history = json.loads(shared.sk.cli("history", NAME, "-o", "json").stdout)
+    if isinstance(history, dict):
+        history = history["revisions"]
     outcomes = {r["revision"]: (r["outcome"], r["endedBy"]) for r in history}
     v3 = next(r for r in history if r["revision"] == 3)
     assert v3["outcome"] == "Aborted" and v3["endedBy"] == "canary analysis"
     assert outcomes[max(outcomes)] == ("Aborted", "servekeeper abort"), outcomes
     assert any(r["cause"].startswith("undo to revision") for r in history)
 
+    with shared.client() as client, pytest.raises(RevisionNotFound):
+        client.undo(NAME, to_revision=999)
     before = {row["name"] for row in shared.cluster_rows()}
-    shared.command("undo", {"toRevision": 1})
+    shared.sk.cli("undo", NAME, "--to-revision", "1")
     assert shared.sk.wait(NAME, timeout=240) == 0
     assert httpx.get(shared.url, timeout=5).text == "v1"
     assert {row["name"] for row in shared.cluster_rows()} - before, "after the window, undo rolls a cluster"
@@ -264,8 +291,6 @@ def test_a_controller_killed_mid_pause_resumes_the_same_step_and_remaining_pause
 
 
 def stored_canary(shared: Shared) -> dict[str, Any]:
-    import json
-
     with sqlite3.connect(f"file:{shared.sk.state_dir / 'store.db'}?mode=ro", uri=True) as db:
         row = db.execute("SELECT canary_json FROM clusters WHERE service = ? AND role = 'pending'", (NAME,)).fetchone()
     assert row is not None and row[0]
