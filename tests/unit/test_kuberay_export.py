@@ -214,3 +214,27 @@ def test_status_reasons(view: dict[str, Any], ready_reason: str, upgrade_reason:
     assert status["numServeEndpoints"] == 0 and "serviceStatus" not in status
     if view["activeCluster"] is None:
         assert status["activeServiceStatus"] == {} and status["pendingServiceStatus"] == {}
+
+
+def test_a_canary_exports_as_kuberay_incremental_upgrade_when_it_is_one_and_round_trips() -> None:
+    steps = [{"setWeight": 25}, {"pause": {"duration": 30}}, {"setWeight": 50}, {"pause": {"duration": 30}}]
+    steps += [{"setWeight": 75}, {"pause": {"duration": 30}}]
+    incremental = _spec(upgradeStrategy={"type": "Canary", "canary": {"steps": steps, "capacityFollowsTraffic": True}})
+    manifest, comments = export_manifest(incremental, RAY)
+    options = manifest["spec"]["upgradeStrategy"]["clusterUpgradeOptions"]
+    assert manifest["spec"]["upgradeStrategy"]["type"] == "NewClusterWithIncrementalUpgrade"
+    assert (options["stepSizePercent"], options["intervalSeconds"]) == (25, 30)
+    assert any("gatewayClassName" in comment for comment in comments)
+    _, back = roundtrip(incremental, [], secrets={})
+    assert back.spec.upgradeStrategy == incremental.spec.upgradeStrategy
+
+
+def test_a_canary_with_analysis_exports_as_new_cluster_and_comes_back_from_the_annotation() -> None:
+    canary = {
+        "steps": [{"setWeight": 10}, {"pause": {}}],
+        "analysis": {"interval": 5, "successRate": {"min": 0.99}},
+    }
+    spec = _spec(upgradeStrategy={"type": "Canary", "canary": canary}, rollbackWindowSeconds=60)
+    text, back = roundtrip(spec, [], secrets={})
+    assert "type: NewCluster" in text and "KubeRay has no equivalent" in text
+    assert back == spec

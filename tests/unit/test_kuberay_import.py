@@ -275,26 +275,34 @@ def test_worker_count_group_name_and_upgrade_settings() -> None:
     assert spec.spec.readinessTimeoutSeconds == 300
 
 
-def test_incremental_upgrade_is_rolled_out_as_new_cluster_with_a_note() -> None:
+def test_incremental_upgrade_becomes_a_canary_whose_capacity_follows_traffic() -> None:
     document = minimal(
         upgradeStrategy={
             "type": "NewClusterWithIncrementalUpgrade",
             "clusterUpgradeOptions": {
                 "gatewayClassName": "istio",
-                "stepSizePercent": 10,
-                "intervalSeconds": 30,
+                "stepSizePercent": 30,
+                "intervalSeconds": 20,
                 "maxSurgePercent": 10,
             },
         }
     )
     result = run_import([document])
-    assert result.spec.spec.upgradeStrategy.type == "NewCluster"
+    strategy = result.spec.spec.upgradeStrategy
+    assert strategy.type == "Canary" and strategy.canary is not None and strategy.canary.capacityFollowsTraffic
+    steps = [(step.setWeight, step.pause.duration if step.pause else None) for step in strategy.canary.steps]
+    assert steps == [(30, None), (None, 20), (60, None), (None, 20), (90, None), (None, 20)]
     by_path = {note.path: note for note in result.notes}
-    assert by_path["spec.upgradeStrategy.type"].message == (
-        "canary strategy not available yet; rolled out as NewCluster "
-        "(stepSizePercent 10, intervalSeconds 30, maxSurgePercent 10 unused)"
-    )
+    assert "30% more traffic every 20s" in by_path["spec.upgradeStrategy.type"].message
+    assert "maxSurgePercent 10 unused" in by_path["spec.upgradeStrategy.type"].message
     assert by_path["spec.upgradeStrategy.clusterUpgradeOptions.gatewayClassName"].kind == NoteKind.IGNORED
+
+
+def test_incremental_upgrade_without_its_step_size_is_refused_naming_the_field() -> None:
+    document = minimal(upgradeStrategy={"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {}})
+    with pytest.raises(SpecError) as raised:
+        run_import([document])
+    assert any("clusterUpgradeOptions.stepSizePercent" in problem for problem in raised.value.problems)
 
 
 def test_serve_config_http_host_and_proxy_location_are_read_not_refused() -> None:

@@ -97,7 +97,7 @@ def export_manifest(
             for group in config.workerGroups
         ]
     manifest_spec: dict[str, Any] = {
-        "upgradeStrategy": {"type": body.upgradeStrategy.type},
+        "upgradeStrategy": _upgrade_strategy(body, comments),
         "serveConfigV2": yaml.safe_dump(serve_config, sort_keys=False),
         "rayClusterConfig": cluster,
     }
@@ -145,15 +145,64 @@ def _extensions(body: ServiceSpecBody) -> dict[str, Any]:
         extensions["ingress"] = changed_ingress
     if body.readiness != ReadinessSpec():
         extensions["readiness"] = body.readiness.model_dump(mode="json")
-    for key in ("serveConfigUpdate", "serviceUnhealthySecondThreshold"):
+    for key in (
+        "serveConfigUpdate",
+        "serviceUnhealthySecondThreshold",
+        "rollbackWindowSeconds",
+        "revisionHistoryLimit",
+    ):
         if getattr(body, key) != getattr(defaults, key):
             extensions[key] = getattr(body, key)
+    if body.upgradeStrategy.type == "Canary" and _incremental(body) is None:
+        extensions["upgradeStrategy"] = body.upgradeStrategy.model_dump(mode="json", exclude_none=True)
     if body.rayClusterConfig.excludes:
         extensions["excludes"] = list(body.rayClusterConfig.excludes)
     delay = body.rayClusterDeletionDelaySeconds
     if delay != int(delay):
         extensions["rayClusterDeletionDelaySeconds"] = delay
     return extensions
+
+
+def _incremental(body: ServiceSpecBody) -> tuple[int, float] | None:
+    """(stepSizePercent, intervalSeconds) when the canary is exactly what KubeRay's incremental
+    upgrade does: equal steps each followed by an equal timed pause, capacity following traffic,
+    no analysis."""
+    canary = body.upgradeStrategy.canary
+    if canary is None or canary.analysis is not None or not canary.capacityFollowsTraffic:
+        return None
+    weights = [step.setWeight for step in canary.steps[0::2]]
+    pauses = [step.pause.duration if step.pause else None for step in canary.steps[1::2]]
+    if not weights or weights[0] is None or len(weights) != len(pauses):
+        return None
+    size = weights[0]
+    interval = pauses[0]
+    if weights != list(range(size, 100, size)) or interval is None or any(p != interval for p in pauses):
+        return None
+    return size, interval
+
+
+def _upgrade_strategy(body: ServiceSpecBody, comments: list[str]) -> dict[str, Any]:
+    if body.upgradeStrategy.type != "Canary":
+        return {"type": body.upgradeStrategy.type}
+    incremental = _incremental(body)
+    if incremental is not None:
+        size, interval = incremental
+        comments.append(
+            "upgradeStrategy Canary became KubeRay's incremental upgrade, which routes through the Gateway API: "
+            "set clusterUpgradeOptions.gatewayClassName to your gateway class."
+        )
+        options = {
+            "gatewayClassName": "SET-ME",
+            "stepSizePercent": size,
+            "intervalSeconds": int(interval),
+            "maxSurgePercent": size,
+        }
+        return {"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": options}
+    comments.append(
+        "upgradeStrategy Canary (steps, pauses, analysis, promote/abort): KubeRay has no equivalent; exported as "
+        f"NewCluster, the canary kept in the {EXTENSIONS_ANNOTATION} annotation."
+    )
+    return {"type": "NewCluster"}
 
 
 def _refs(secret_refs: Sequence[SecretRef], group: str) -> dict[str, SecretRef]:

@@ -37,6 +37,9 @@ EXTENSION_KEYS = frozenset(
         "excludes",
         "rayClusterDeletionDelaySeconds",
         "readinessTimeoutSeconds",
+        "upgradeStrategy",  # a canary's steps and analysis (KubeRay's incremental upgrade has neither)
+        "rollbackWindowSeconds",
+        "revisionHistoryLimit",
     }
 )
 
@@ -201,7 +204,7 @@ class _Importer:
         cluster_config = self.cluster_config(_mapping(spec.get("rayClusterConfig")), serve_config)
         body["rayClusterConfig"] = cluster_config
         body["ingress"] = {"port": self.ingress_port(annotations, serve_port)}
-        body["upgradeStrategy"] = {"type": self.upgrade_type(_mapping(spec.get("upgradeStrategy")))}
+        body["upgradeStrategy"] = self.upgrade_strategy(_mapping(spec.get("upgradeStrategy")))
         if "rayClusterDeletionDelaySeconds" in spec:
             body["rayClusterDeletionDelaySeconds"] = spec["rayClusterDeletionDelaySeconds"]
         self.spec_fields(spec)
@@ -283,7 +286,7 @@ class _Importer:
             self.refuse(f'metadata.annotations["{INGRESS_PORT_ANNOTATION}"]', f"{override!r} is not a port number")
             return DEFAULT_SERVE_PORT
 
-    def upgrade_type(self, strategy: dict[str, Any]) -> str:
+    def upgrade_strategy(self, strategy: dict[str, Any]) -> dict[str, Any]:
         path = "spec.upgradeStrategy"
         upgrade_type = strategy.get("type") or "NewCluster"
         options = _mapping(strategy.get("clusterUpgradeOptions"))
@@ -292,22 +295,38 @@ class _Importer:
                 NoteKind.IGNORED, f"{path}.clusterUpgradeOptions.gatewayClassName", "there is no Gateway API here"
             )
         if upgrade_type == "NewClusterWithIncrementalUpgrade":
-            steps = ", ".join(
-                f"{key} {options[key]}"
-                for key in ("stepSizePercent", "intervalSeconds", "maxSurgePercent")
-                if key in options
-            )
-            self.note(
-                NoteKind.CHANGED,
-                f"{path}.type",
-                "canary strategy not available yet; rolled out as NewCluster" + (f" ({steps} unused)" if steps else ""),
-            )
-            return "NewCluster"
+            return self.incremental_upgrade(f"{path}.clusterUpgradeOptions", options)
         if upgrade_type not in ("NewCluster", "None"):
             self.refuse(f"{path}.type", f"{upgrade_type!r} is not NewCluster, NewClusterWithIncrementalUpgrade or None")
         elif options:
             self.note(NoteKind.IGNORED, f"{path}.clusterUpgradeOptions", "used only by incremental upgrades")
-        return str(upgrade_type)
+        return {"type": str(upgrade_type)}
+
+    def incremental_upgrade(self, path: str, options: dict[str, Any]) -> dict[str, Any]:
+        """KubeRay's incremental upgrade as a canary: `stepSizePercent` more traffic every
+        `intervalSeconds`, the new cluster's capacity following its traffic."""
+        step = self.whole_number(f"{path}.stepSizePercent", options.get("stepSizePercent"), 1, 100)
+        interval = self.whole_number(f"{path}.intervalSeconds", options.get("intervalSeconds"), 1, 86400)
+        steps: list[dict[str, Any]] = []
+        for weight in range(step, 100, step):
+            steps += [{"setWeight": weight}, {"pause": {"duration": interval}}]
+        if not steps:
+            steps = [{"setWeight": 100}]
+        surge = options.get("maxSurgePercent")
+        self.note(
+            NoteKind.CHANGED,
+            "spec.upgradeStrategy.type",
+            f"rolled out as a servekeeper Canary: {step}% more traffic every {interval}s at the ingress, the new "
+            "cluster's target_capacity following its traffic (capacityFollowsTraffic)"
+            + (f"; maxSurgePercent {surge} unused: capacity grows with each step" if surge is not None else ""),
+        )
+        return {"type": "Canary", "canary": {"steps": steps, "capacityFollowsTraffic": True}}
+
+    def whole_number(self, path: str, value: Any, low: int, high: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self.refuse(path, f"needs a whole number from {low} to {high} for an incremental upgrade, got {value!r}")
+            return high
+        return value
 
     # -- serveConfigV2 ------------------------------------------------------------------
 
