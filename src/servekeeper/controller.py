@@ -26,6 +26,7 @@ from servekeeper.dataplane import Backend, BackendStats, DataPlaneError, Endpoin
 from servekeeper.faults import Hooks
 from servekeeper.metrics import ControllerMetrics
 from servekeeper.package import Package
+from servekeeper.pool_clusters import PoolClusters, Shortfall
 from servekeeper.ports import PortAllocator
 from servekeeper.probes import ProbeRunner
 from servekeeper.providers.base import ClusterProvider, ProviderError
@@ -89,8 +90,11 @@ class Controller:
         hooks: Hooks | None = None,
         serve: ServeClient | None = None,
         metrics: ControllerMetrics | None = None,
+        pools: PoolClusters | None = None,
     ) -> None:
         self.store = store
+        self.pools = pools or PoolClusters(store, state_dir)  # clusters on host pools, over SSH
+        self._shortfalls: dict[str, str] = {}  # service -> why its next cluster cannot be placed now
         self.metrics = metrics or ControllerMetrics()  # rollouts, config PUTs, tick durations
         self.provider = provider
         self.dataplane = dataplane
@@ -267,7 +271,11 @@ class Controller:
             ingress_ok = False  # every backend counts as busy: nothing is deleted on this look
             logger.warning("[%s] data plane not readable: %s", service.name, exc)
         return Observation(
-            clusters={o.name: o for o in observed}, route=route, ingress_ok=ingress_ok, backend_counters=counters
+            clusters={o.name: o for o in observed},
+            route=route,
+            ingress_ok=ingress_ok,
+            backend_counters=counters,
+            placement_problem=self._shortfalls.get(service.name),
         )
 
     def _liveness(self, cluster: ClusterRecord) -> tuple[bool, list[int], str | None]:
@@ -283,7 +291,11 @@ class Controller:
     async def _observe_cluster(
         self, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec
     ) -> ClusterObservation:
-        alive, dead_workers, reason = await asyncio.to_thread(self._liveness, cluster)
+        if cluster.pool is not None:
+            alive, dead_workers, reason = await self.pools.liveness(cluster)
+        else:
+            alive, dead_workers, reason = await asyncio.to_thread(self._liveness, cluster)
+        auth = self._auth(cluster)
         if not alive:
             return ClusterObservation(name=cluster.name, processes_alive=False, error=reason)
         if dead_workers:
@@ -293,9 +305,9 @@ class Controller:
         capacity = None
         try:
             if cluster.target_capacity is not None:  # managed: what Ray scales to is part of the look
-                apps, capacity = await self.serve.applications_with_capacity(cluster.dashboard_url)
+                apps, capacity = await self.serve.applications_with_capacity(cluster.dashboard_url, **auth)
             else:
-                apps = await self.serve.applications(cluster.dashboard_url)
+                apps = await self.serve.applications(cluster.dashboard_url, **auth)
         except (RetryableServeError, PermanentServeError) as exc:
             return ClusterObservation(name=cluster.name, processes_alive=True, error=str(exc))
         healthy, routes = await asyncio.gather(
@@ -354,7 +366,7 @@ class Controller:
 
     async def _execute(self, action: act.Action, service: ServiceRecord, spec: ServiceSpec, tick: _Tick) -> None:
         if isinstance(action, act.CreateCluster):
-            self._create_cluster(service, spec, action.role)
+            await self._create_cluster(service, spec, action.role)
         elif isinstance(action, act.StartCluster):
             cluster = self.store.get_cluster(action.cluster)
             if cluster is not None:
@@ -385,7 +397,11 @@ class Controller:
             # Only the row this tick saw being deleted: an apply stored meanwhile survives.
             self.store.delete_service_row(service.name, expected_generation=service.generation)
 
-    def _create_cluster(self, service: ServiceRecord, spec: ServiceSpec, role: ClusterRole) -> None:
+    def _auth(self, cluster: ClusterRecord) -> dict[str, Any]:
+        """Keyword arguments of Serve API calls: a pool cluster's token (token authentication)."""
+        return {"headers": self.pools.headers(cluster)} if cluster.pool is not None else {}
+
+    async def _create_cluster(self, service: ServiceRecord, spec: ServiceSpec, role: ClusterRole) -> None:
         config = spec.spec.rayClusterConfig
         reserved = [port for c in self.store.list_clusters() for port in c.ports.all_ports()]
         ports = PortAllocator(reserved).cluster(worker_nodes=config.worker_count())
@@ -404,6 +420,17 @@ class Controller:
             log_dir=str(self.state_dir / "clusters" / name),
             created_at=self.clock(),
         )
+        if config.hostPool is not None:
+            try:
+                cluster = await self.pools.new_record(cluster, config)
+            except (Shortfall, ProviderError) as exc:
+                # The rollout waits (level-triggered: the next tick tries again) and says why.
+                if self._shortfalls.get(service.name) != str(exc):
+                    event = Event(service.name, self.clock(), "Warning", "InsufficientCapacity", str(exc))
+                    self.store.add_events([event])
+                self._shortfalls[service.name] = str(exc)
+                return
+            self._shortfalls.pop(service.name, None)
         self.store.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown
         self.hooks.reached("cluster-intent-written", cluster)
         self._start_cluster(cluster)
@@ -412,6 +439,9 @@ class Controller:
         if cluster.name in self._background:
             return  # its start (or stop) is in progress
         config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+        if cluster.pool is not None:
+            self._in_background(cluster, f"start-{cluster.name}", self._start_pool_nodes(cluster, config))
+            return
         try:
             if cluster.head_pid is None:
                 cluster = self.provider.start_head(cluster, config)
@@ -422,6 +452,23 @@ class Controller:
             return
         if len(cluster.worker_pids) < config.worker_count():
             self._in_background(cluster, f"start-{cluster.name}", self._start_workers(cluster, config))
+
+    async def _start_pool_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        def record(updated: ClusterRecord) -> None:
+            self.store.update_cluster(
+                updated.name, nodes=updated.nodes, head_pid=updated.head_pid, worker_pids=updated.worker_pids
+            )
+            if updated.head_pid is not None and cluster.head_pid is None:
+                self.hooks.reached("pending-started", updated)
+
+        try:
+            await self.pools.start(cluster, config, record)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an SSH or launch failure fails that cluster's rollout, with the cause
+            logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, exc)
+            with contextlib.suppress(KeyError):
+                self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
 
     async def _start_workers(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         def record(updated: ClusterRecord) -> None:
@@ -485,7 +532,7 @@ class Controller:
         self.metrics.config_submitted(service.name)
         try:
             await self.hooks.before_config_put(cluster, service.generation)
-            await self.serve.put_config(cluster.dashboard_url, document)
+            await self.serve.put_config(cluster.dashboard_url, document, **self._auth(cluster))
         except RetryableServeError as exc:
             logger.info("[%s/%s] config PUT will be retried: %s", service.name, cluster.name, exc)
             tick.events.append(Event(service.name, self.clock(), "Warning", "ConfigSubmitRetry", str(exc)))
@@ -504,7 +551,8 @@ class Controller:
         if document is None:
             return
         try:
-            await self.serve.put_config(cluster.dashboard_url, {**document, "target_capacity": action.capacity})
+            targeted = {**document, "target_capacity": action.capacity}
+            await self.serve.put_config(cluster.dashboard_url, targeted, **self._auth(cluster))
         except (RetryableServeError, PermanentServeError) as exc:
             # Level-triggered: the planner asks again while Ray shows another capacity.
             tick.events.append(Event(service.name, self.clock(), "Warning", "TargetCapacityRetry", str(exc)))
@@ -553,7 +601,7 @@ class Controller:
         self, cluster: ClusterRecord, service: ServiceRecord, package: Package, tick: _Tick
     ) -> None:
         try:
-            if await self.serve.ensure_package(cluster.dashboard_url, package):
+            if await self.serve.ensure_package(cluster.dashboard_url, package, **self._auth(cluster)):
                 logger.info("[%s/%s] code package %s uploaded", service.name, cluster.name, package.hash[:12])
         except (RetryableServeError, FileNotFoundError) as exc:
             # FileNotFoundError: a newer apply pruned the package this (stale) tick wanted.
@@ -594,8 +642,13 @@ class Controller:
             cluster = self.store.get_cluster(name)
             if cluster is None:
                 continue
-            grpc = (Endpoint("127.0.0.1", cluster.ports.serve_grpc),) if ingress.grpcPort is not None else ()
-            backends.append(Backend(name, http=(Endpoint("127.0.0.1", cluster.ports.serve_http),), grpc=grpc))
+            if cluster.pool is not None:  # a Serve proxy on every node: Envoy spreads over them, ejects a dead one
+                http = self.pools.endpoints(cluster, grpc=False)
+                grpc = self.pools.endpoints(cluster, grpc=True) if ingress.grpcPort is not None else ()
+            else:
+                http = (Endpoint("127.0.0.1", cluster.ports.serve_http),)
+                grpc = (Endpoint("127.0.0.1", cluster.ports.serve_grpc),) if ingress.grpcPort is not None else ()
+            backends.append(Backend(name, http=http, grpc=grpc))
         weights = action.weights()
         return ServiceRoute(
             service=service.name,
@@ -624,7 +677,11 @@ class Controller:
         self._in_background(cluster, f"stop-{name}", self._stop_cluster(cluster))
 
     async def _stop_cluster(self, cluster: ClusterRecord) -> None:
-        leftovers = await self.provider.stop(cluster)
+        leftovers: list[int] | list[str]
+        if cluster.pool is not None:
+            leftovers = await self.pools.stop(cluster)
+        else:
+            leftovers = await self.provider.stop(cluster)
         if leftovers:
             self.store.add_events(
                 [
@@ -661,7 +718,7 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             clusters = self.store.list_clusters()
-            leftovers = await asyncio.gather(*(self.provider.stop(c) for c in clusters))
+            leftovers = await asyncio.gather(*(self._stop_any(c) for c in clusters))
             for cluster, left in zip(clusters, leftovers, strict=True):
                 if left:  # kept on record, so that the next `down` or `up` stops them again
                     logger.warning("[%s/%s] pids %s survived the stop", cluster.service, cluster.name, left)
@@ -669,6 +726,12 @@ class Controller:
                 self.store.remove_cluster(cluster.name)
         else:
             await asyncio.gather(*background, return_exceptions=True)
+        await self.pools.close()
+
+    async def _stop_any(self, cluster: ClusterRecord) -> list[int] | list[str]:
+        if cluster.pool is not None:
+            return await self.pools.stop(cluster)
+        return await self.provider.stop(cluster)
 
     def status_snapshot(self, name: str) -> Observation | None:
         return self.observations.get(name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -56,21 +57,29 @@ class ServeClient:
         self._session = session
 
     async def _request(
-        self, method: str, url: str, timeout: aiohttp.ClientTimeout, payload: Any = None
+        self,
+        method: str,
+        url: str,
+        timeout: aiohttp.ClientTimeout,
+        payload: Any = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, str]:
         try:
-            async with self._session.request(method, url, json=payload, timeout=timeout) as response:
+            async with self._session.request(method, url, json=payload, timeout=timeout, headers=headers) as response:
                 return response.status, await response.text()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise RetryableServeError(f"{method} {url} failed: {exc!r}") from exc
 
-    async def applications(self, dashboard_url: str) -> dict[str, AppState]:
-        apps, _ = await self.applications_with_capacity(dashboard_url)
+    async def applications(self, dashboard_url: str, headers: Mapping[str, str] | None = None) -> dict[str, AppState]:
+        apps, _ = await self.applications_with_capacity(dashboard_url, headers)
         return apps
 
-    async def applications_with_capacity(self, dashboard_url: str) -> tuple[dict[str, AppState], float | None]:
-        """The apps, and Serve's target_capacity (None: unset, every replica)."""
-        status, body = await self._request("GET", dashboard_url + APPLICATIONS_PATH, STATUS_TIMEOUT)
+    async def applications_with_capacity(
+        self, dashboard_url: str, headers: Mapping[str, str] | None = None
+    ) -> tuple[dict[str, AppState], float | None]:
+        """The apps, and Serve's target_capacity (None: unset, every replica). `headers`: a
+        cluster with token authentication needs its token on every call."""
+        status, body = await self._request("GET", dashboard_url + APPLICATIONS_PATH, STATUS_TIMEOUT, headers=headers)
         if status >= 500:
             raise RetryableServeError(f"GET applications answered {status}: {body[:500]}")
         if status != 200:
@@ -82,8 +91,10 @@ class ServeClient:
         except (ValueError, AttributeError, TypeError) as exc:
             raise RetryableServeError(f"GET applications returned unreadable JSON: {exc}") from exc
 
-    async def put_config(self, dashboard_url: str, config: dict[str, Any]) -> None:
-        status, body = await self._request("PUT", dashboard_url + APPLICATIONS_PATH, PUT_TIMEOUT, config)
+    async def put_config(
+        self, dashboard_url: str, config: dict[str, Any], headers: Mapping[str, str] | None = None
+    ) -> None:
+        status, body = await self._request("PUT", dashboard_url + APPLICATIONS_PATH, PUT_TIMEOUT, config, headers)
         if status >= 500:
             raise RetryableServeError(f"PUT applications answered {status}: {body[:500]}")
         if status >= 300:
@@ -105,7 +116,9 @@ class ServeClient:
         except (RetryableServeError, ValueError, AttributeError):
             return frozenset()
 
-    async def ensure_package(self, dashboard_url: str, package: Package) -> bool:
+    async def ensure_package(
+        self, dashboard_url: str, package: Package, headers: Mapping[str, str] | None = None
+    ) -> bool:
         """Upload the package to the cluster's GCS unless it is there already; True if uploaded.
 
         The GET comes first even when uploading: Ray's handler pins the URI for a while
@@ -113,14 +126,14 @@ class ServeClient:
         package is not garbage-collected before the Serve config that references it arrives.
         """
         url = dashboard_url + PACKAGES_PATH + package.package_name
-        status, body = await self._request("GET", url, STATUS_TIMEOUT)
+        status, body = await self._request("GET", url, STATUS_TIMEOUT, headers=headers)
         if status == 200:
             return False
         if status != 404:
             self._raise_package_error("GET", package, status, body)
         data = await asyncio.to_thread(package.path.read_bytes)
         try:
-            async with self._session.put(url, data=data, timeout=UPLOAD_TIMEOUT) as response:
+            async with self._session.put(url, data=data, timeout=UPLOAD_TIMEOUT, headers=headers) as response:
                 status, body = response.status, await response.text()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise RetryableServeError(f"PUT {url} failed: {exc!r}") from exc

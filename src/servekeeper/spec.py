@@ -96,6 +96,8 @@ class HeadGroupSpec(_Strict):
     memory: int | None = Field(default=None, ge=0, le=2**50)
     env: dict[str, str] = Field(default_factory=dict)
     rayStartParams: dict[str, StartParamValue] = Field(default_factory=dict)
+    # With a hostPool: the pool's host this group's nodes run on (None: placed, spread).
+    host: str | None = None
 
     _env = field_validator("env")(_check_env)
     _params = field_validator("rayStartParams")(_check_start_params)
@@ -114,6 +116,8 @@ class WorkerGroupSpec(HeadGroupSpec):
 
 
 class RayClusterConfigSpec(_Strict):
+    # The HostPool whose machines run the nodes, over SSH (None: this machine, the embedded default).
+    hostPool: str | None = None
     workingDir: str | None = None
     # Gitignore-style patterns left out of the workingDir package, like a .servekeeperignore file.
     excludes: list[str] = Field(default_factory=list, max_length=1000)
@@ -130,6 +134,13 @@ class RayClusterConfigSpec(_Strict):
             if any(ch in pattern for ch in "\x00\n\r"):
                 raise ValueError(f"excludes pattern {pattern!r} contains a NUL or line break")
         return patterns
+
+    @model_validator(mode="after")
+    def _hosts_need_a_pool(self) -> RayClusterConfigSpec:
+        pinned = [g for g in [self.head, *self.workerGroups] if g.host is not None]
+        if pinned and self.hostPool is None:
+            raise ValueError("a group's host names a machine of a hostPool: set hostPool too")
+        return self
 
     @model_validator(mode="after")
     def _unique_worker_groups(self) -> RayClusterConfigSpec:
@@ -373,9 +384,11 @@ class ServiceSpec(_Strict):
         # Fields added later hash as if absent while unset: a stored spec keeps its hash, so an
         # upgrade of servekeeper never replaces a running cluster.
         for group in [shape["head"], *shape["workerGroups"]]:
-            for key in ("numGpus", "memory"):
+            for key in ("numGpus", "memory", "host"):
                 if group.get(key) is None:
                     group.pop(key, None)
+        if shape.get("hostPool") is None:
+            shape.pop("hostPool", None)
         return _digest(shape)
 
     def serve_config_hash(self) -> str:

@@ -236,6 +236,27 @@ class CanaryState:
 
 
 @dataclass(frozen=True)
+class NodePlacement:
+    """One node of a cluster on a pool's host: where it goes (written before it starts), and
+    the `ray start` process once it runs (its pid is also its session id on that host)."""
+
+    host: str
+    address: str
+    role: str  # "head" | "worker"
+    ports: NodePorts
+    temp_dir: str
+    pid: int | None = None
+    session_id: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "ports": self.ports.__dict__}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NodePlacement:
+        return cls(**{**data, "ports": NodePorts(**data["ports"])})
+
+
+@dataclass(frozen=True)
 class ClusterRecord:
     """One Ray cluster as servekeeper stored it. Written before anything is started."""
 
@@ -270,6 +291,8 @@ class ClusterRecord:
     # Serve's target_capacity servekeeper wants on this cluster (None: not managed, Ray's 100);
     # set when a canary's capacity follows its traffic.
     target_capacity: float | None = None
+    pool: str | None = None  # the HostPool it runs on (None: this machine)
+    nodes: tuple[NodePlacement, ...] = ()  # with a pool: head first, then the workers
 
     def with_changes(self, **changes: Any) -> ClusterRecord:
         return replace(self, **changes)
@@ -280,16 +303,20 @@ class ClusterRecord:
         return head + self.worker_pids
 
     @property
+    def head_address(self) -> str:
+        return self.nodes[0].address if self.nodes else "127.0.0.1"
+
+    @property
     def gcs_address(self) -> str:
-        return f"127.0.0.1:{self.ports.gcs}"
+        return f"{self.head_address}:{self.ports.gcs}"
 
     @property
     def dashboard_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports.dashboard}"
+        return f"http://{self.head_address}:{self.ports.dashboard}"
 
     @property
     def serve_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports.serve_http}"
+        return f"http://{self.head_address}:{self.ports.serve_http}"
 
 
 @dataclass(frozen=True)
@@ -423,6 +450,7 @@ class Observation:
     ingress_ok: bool = True
     # Per backend (cluster), read only while a canary is analysed; None: not read or unreadable.
     backend_counters: dict[str, BackendCounters] | None = None
+    placement_problem: str | None = None  # why the next cluster cannot be placed on its host pool now
 
 
 @dataclass(frozen=True)

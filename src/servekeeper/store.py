@@ -30,6 +30,7 @@ from servekeeper.status import (
     ClusterRole,
     Condition,
     Event,
+    NodePlacement,
     Revision,
     ServiceRecord,
 )
@@ -136,6 +137,13 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
+MIGRATIONS.append(
+    # 7: clusters on a host pool: the pool, and each node's host, ports and process
+    """
+    ALTER TABLE clusters ADD COLUMN pool TEXT;
+    ALTER TABLE clusters ADD COLUMN nodes_json TEXT NOT NULL DEFAULT '[]';
+    """
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 PROGRESSING = "Progressing"  # a revision's outcome while it rolls out
 SUPERSEDED = "Superseded"
@@ -631,8 +639,8 @@ class _Tx:
             "role, ports_json, temp_dir, log_dir, created_at, head_pid, worker_pids_json, "
             "submitted_config_hash, applied_config_hash, config_submitted_at, ready_at, drain_started_at, "
             "failure_reason, package_hash, good_config_hash, canary_json, promote_requests, promote_full, "
-            "abort_requested, target_capacity) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "abort_requested, target_capacity, pool, nodes_json) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 c.name,
                 c.service,
@@ -659,6 +667,8 @@ class _Tx:
                 int(c.promote_full),
                 int(c.abort_requested),
                 c.target_capacity,
+                c.pool,
+                json.dumps([node.to_json() for node in c.nodes]),
             ),
         )
 
@@ -758,4 +768,6 @@ def _cluster_from_row(row: sqlite3.Row) -> ClusterRecord:
         promote_full=bool(row["promote_full"]),
         abort_requested=bool(row["abort_requested"]),
         target_capacity=row["target_capacity"],
+        pool=row["pool"],
+        nodes=tuple(NodePlacement.from_json(node) for node in json.loads(row["nodes_json"])),
     )

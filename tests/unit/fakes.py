@@ -140,7 +140,7 @@ class FakeServe:
 
     # -- the ServeClient surface ----------------------------------------------------------
 
-    async def applications(self, dashboard_url: str) -> dict[str, AppState]:
+    async def applications(self, dashboard_url: str, headers: Any = None) -> dict[str, AppState]:
         if self.on_applications is not None:
             self.on_applications(dashboard_url)
         if dashboard_url in self.unreachable:
@@ -158,7 +158,7 @@ class FakeServe:
             }
         return parse_applications({"applications": apps})
 
-    async def put_config(self, dashboard_url: str, document: dict[str, Any]) -> None:
+    async def put_config(self, dashboard_url: str, document: dict[str, Any], headers: Any = None) -> None:
         if self.on_put is not None:
             self.on_put(dashboard_url, document)
         if self.put_errors:
@@ -182,7 +182,7 @@ class FakeServe:
                 routes.update(app.get("route_prefix", "/") for app in document["applications"])
         return frozenset(routes)
 
-    async def ensure_package(self, dashboard_url: str, package: Package) -> bool:
+    async def ensure_package(self, dashboard_url: str, package: Package, headers: Any = None) -> bool:
         if self.package_error is not None:
             raise self.package_error
         self.packages.append((dashboard_url, package.hash))

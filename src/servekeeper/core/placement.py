@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servekeeper.spec import ServiceSpec
+from servekeeper.spec import RayClusterConfigSpec, ServiceSpec
 
 
 @dataclass(frozen=True)
@@ -57,3 +57,88 @@ def insufficient_capacity(spec: ServiceSpec, capacity: Capacity) -> list[str]:
 
 def _gib(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.1f} GiB"
+
+
+# -- host pools --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeNeed:
+    """What one node asks of the host it runs on."""
+
+    path: str  # the spec field of its group
+    role: str  # "head" | "worker"
+    cpus: float
+    gpus: float
+    memory_bytes: int
+    pinned: str | None  # the group's `host`
+
+
+@dataclass(frozen=True)
+class HostRoom:
+    """A pool host's capacity, and what the clusters placed on it already take."""
+
+    name: str
+    cpus: float
+    gpus: float
+    memory_bytes: int
+
+
+def node_needs(config: RayClusterConfigSpec) -> list[NodeNeed]:
+    """Head first, then each replica of each worker group, in order (the order of `nodes`)."""
+    head = config.head
+    needs = [
+        NodeNeed("spec.rayClusterConfig.head", "head", head.numCpus, head.numGpus or 0, head.memory or 0, head.host)
+    ]
+    for index, group in enumerate(config.workerGroups):
+        path = f"spec.rayClusterConfig.workerGroups.{index}"
+        need = NodeNeed(path, "worker", group.numCpus, group.numGpus or 0, group.memory or 0, group.host)
+        needs += [need] * group.replicas
+    return needs
+
+
+def free_room(hosts: list[HostRoom], placed: list[tuple[str, NodeNeed]]) -> dict[str, HostRoom]:
+    """Each host's room left once the nodes already placed there (every cluster's) are counted."""
+    room = {host.name: host for host in hosts}
+    for host_name, need in placed:
+        if host_name in room:
+            left = room[host_name]
+            room[host_name] = HostRoom(
+                left.name, left.cpus - need.cpus, left.gpus - need.gpus, left.memory_bytes - need.memory_bytes
+            )
+    return room
+
+
+def place(needs: list[NodeNeed], room: dict[str, HostRoom]) -> list[str] | str:
+    """A host per node, spread (each node goes where this cluster has the fewest nodes so far,
+    then where most CPU is free), or what is short, for `InsufficientCapacity`."""
+    room = dict(room)
+    mine: dict[str, int] = dict.fromkeys(room, 0)
+    chosen = []
+    for index, need in enumerate(needs):
+        candidates = [need.pinned] if need.pinned is not None else sorted(room)
+        fitting = [name for name in candidates if name in room and _fits(room[name], need)]
+        if not fitting:
+            return _shortfall(index, need, room)
+        best = min(fitting, key=lambda name: (mine[name], -room[name].cpus, name))
+        left = room[best]
+        room[best] = HostRoom(best, left.cpus - need.cpus, left.gpus - need.gpus, left.memory_bytes - need.memory_bytes)
+        mine[best] += 1
+        chosen.append(best)
+    return chosen
+
+
+def _fits(room: HostRoom, need: NodeNeed) -> bool:
+    return room.cpus >= need.cpus and room.gpus >= need.gpus and room.memory_bytes >= need.memory_bytes
+
+
+def _shortfall(index: int, need: NodeNeed, room: dict[str, HostRoom]) -> str:
+    what = f"{need.role} node {index} ({need.path}: {need.cpus:g} CPU, {need.gpus:g} GPU, {_gib(need.memory_bytes)})"
+    if need.pinned is not None and need.pinned not in room:
+        return f"{what} is pinned to host {need.pinned!r}, which is not in the pool"
+    hosts = [need.pinned] if need.pinned is not None else sorted(room)
+    free = ", ".join(
+        f"{name} {room[name].cpus:g} CPU/{room[name].gpus:g} GPU/{_gib(max(room[name].memory_bytes, 0))}"
+        for name in hosts
+    )
+    return f"no host has room for the {what}; free: {free}"

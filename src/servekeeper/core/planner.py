@@ -622,7 +622,11 @@ class _Planner:
             )
             conditions.append((ConditionType.UPGRADE_IN_PROGRESS, True, "PendingClusterNotReady", message))
         elif any(isinstance(action, CreateCluster) for action in self.plan.actions):
-            conditions.append((ConditionType.UPGRADE_IN_PROGRESS, True, "PendingClusterCreating", ""))
+            if self.observation.placement_problem:
+                shortfall = self.observation.placement_problem
+                conditions.append((ConditionType.UPGRADE_IN_PROGRESS, True, "InsufficientCapacity", shortfall))
+            else:
+                conditions.append((ConditionType.UPGRADE_IN_PROGRESS, True, "PendingClusterCreating", ""))
         else:
             conditions.append((ConditionType.UPGRADE_IN_PROGRESS, False, "NoPendingCluster", ""))
 

@@ -31,13 +31,15 @@ def build_serve_config(spec: ServiceSpec, cluster: ClusterRecord, package_uri: s
     remote workingDir URI is handed to Ray as it is.
     """
     document = copy.deepcopy(spec.spec.serveConfig.model_dump(mode="json", exclude_unset=True))
+    on_pool = cluster.pool is not None
     http_options = dict(document.get("http_options") or {})
-    http_options.update({"host": "127.0.0.1", "port": cluster.ports.serve_http})
+    # On a host pool each node is a machine of its own: a proxy on every node, reached on its address.
+    http_options.update({"host": "0.0.0.0" if on_pool else "127.0.0.1", "port": cluster.ports.serve_http})
     document["http_options"] = http_options
     grpc_options = dict(document.get("grpc_options") or {})
     grpc_options["port"] = cluster.ports.serve_grpc
     document["grpc_options"] = grpc_options
-    document["proxy_location"] = "HeadOnly"
+    document["proxy_location"] = "EveryNode" if on_pool else "HeadOnly"
     working_dir = spec.spec.rayClusterConfig.workingDir
     uri = package_uri
     if uri is None and working_dir:

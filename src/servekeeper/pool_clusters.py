@@ -1,0 +1,270 @@
+"""Clusters on a host pool: placement, ports on each host, the cluster's token, and its nodes
+started, watched and stopped over SSH (`providers/ssh_nodes.py`).
+
+The controller writes a pool cluster's record (placement and ports) before any node starts,
+and each node's pid once it runs, so a restarted controller finds every node again. A node
+whose start was cut short is found by its tag and stopped before it is started again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, place
+from servekeeper.dataplane import Endpoint
+from servekeeper.hostpool import HostPoolSpec
+from servekeeper.providers.base import ProviderError
+from servekeeper.providers.ssh_nodes import (
+    HeadPorts,
+    NodeUnreachable,
+    RemoteNode,
+    SshNodes,
+    auth_headers,
+    cluster_dir,
+    head_argv,
+    new_cluster_token,
+    read_cluster_token,
+    save_cluster_token,
+    worker_argv,
+)
+from servekeeper.spec import HeadGroupSpec, RayClusterConfigSpec
+from servekeeper.ssh import SshError
+from servekeeper.status import ClusterPorts, ClusterRecord, NodePlacement
+from servekeeper.store import Store
+
+logger = logging.getLogger(__name__)
+
+LIVENESS_CACHE_SECONDS = 2.0  # an SSH round trip per node per look is too much at 4 looks a second
+
+
+class Shortfall(Exception):
+    """The pool cannot hold the cluster now (or has no such pool): the rollout waits."""
+
+
+class PoolClusters:
+    def __init__(self, store: Store, state_dir: Path) -> None:
+        self.store = store
+        self.token_dir = state_dir / "tokens"
+        self._nodes: dict[str, tuple[str, SshNodes]] = {}  # pool -> (its spec json, its connections)
+        self._tokens: dict[str, str] = {}
+        self._liveness: dict[str, tuple[float, tuple[bool, list[int], str | None]]] = {}
+
+    # -- the pool ----------------------------------------------------------------------------------
+
+    def pool(self, name: str) -> HostPoolSpec:
+        record = self.store.get_host_pool(name)
+        if record is None:
+            raise Shortfall(f"host pool {name!r} does not exist (apply a HostPool named {name!r})")
+        return record.spec()
+
+    def ssh(self, pool_name: str) -> SshNodes:
+        pool = self.pool(pool_name)
+        spec_json = pool.to_json()
+        cached = self._nodes.get(pool_name)
+        if cached is None or cached[0] != spec_json:
+            self._nodes[pool_name] = (spec_json, SshNodes(pool.spec.hosts))
+        return self._nodes[pool_name][1]
+
+    async def close(self) -> None:
+        for _, nodes in self._nodes.values():
+            await nodes.close()
+        self._nodes.clear()
+
+    # -- a new cluster -----------------------------------------------------------------------------
+
+    async def new_record(self, draft: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
+        """`draft` with its nodes placed on the pool's hosts and ports allocated there; raises
+        Shortfall when the pool cannot hold it now."""
+        assert config.hostPool is not None
+        pool = self.pool(config.hostPool)
+        rooms = [
+            HostRoom(h.name, h.resources.cpus, h.resources.gpus, int(h.resources.memoryGiB * 2**30))
+            for h in pool.spec.hosts
+        ]
+        placed: list[tuple[str, NodeNeed]] = []
+        reserved: set[int] = set()
+        for other in self.store.list_clusters():
+            reserved.update(other.ports.all_ports())
+            if other.pool == config.hostPool and other.nodes:
+                needs = node_needs(RayClusterConfigSpec.model_validate_json(other.cluster_spec_json))
+                placed += [(node.host, need) for node, need in zip(other.nodes, needs, strict=False)]
+        chosen = place(node_needs(config), free_room(rooms, placed))
+        if isinstance(chosen, str):
+            raise Shortfall(f"host pool {config.hostPool!r}: {chosen}")
+        ssh = self.ssh(config.hostPool)
+        try:
+            head_ports, singles = await ssh.node_ports(chosen[0], sorted(reserved), extra=5)
+            reserved.update(head_ports.all_ports() + singles)
+            node_ports = [head_ports]
+            for host in chosen[1:]:
+                ports, _ = await ssh.node_ports(host, sorted(reserved))
+                reserved.update(ports.all_ports())
+                node_ports.append(ports)
+        except SshError as exc:
+            raise ProviderError(f"allocating ports: {exc}") from exc
+        gcs, dashboard, client_server, serve_http, serve_grpc = singles
+        nodes = tuple(
+            NodePlacement(
+                host=host,
+                address=ssh.host(host).address,
+                role="head" if index == 0 else "worker",
+                ports=ports,
+                temp_dir=f"{cluster_dir(ssh.host(host), draft.name)}/n{index}",
+            )
+            for index, (host, ports) in enumerate(zip(chosen, node_ports, strict=True))
+        )
+        cluster_ports = ClusterPorts(gcs, dashboard, client_server, serve_http, serve_grpc, tuple(node_ports))
+        save_cluster_token(self.token_dir, draft.name, new_cluster_token())
+        return draft.with_changes(pool=config.hostPool, nodes=nodes, ports=cluster_ports)
+
+    # -- starting, watching, stopping --------------------------------------------------------------
+
+    def headers(self, cluster: ClusterRecord) -> dict[str, str]:
+        """What every call to the cluster's dashboard carries (its token)."""
+        if cluster.pool is None:
+            return {}
+        token = self._tokens.get(cluster.name)
+        if token is None:
+            token = self._tokens[cluster.name] = read_cluster_token(self.token_dir, cluster.name)
+        return auth_headers(token)
+
+    def endpoints(self, cluster: ClusterRecord, grpc: bool) -> tuple[Endpoint, ...]:
+        port = cluster.ports.serve_grpc if grpc else cluster.ports.serve_http
+        return tuple(Endpoint(node.address, port) for node in cluster.nodes)
+
+    async def start(
+        self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: Callable[[ClusterRecord], None]
+    ) -> None:
+        """Start the nodes not running yet, head first; each node's pid is recorded as it runs."""
+        assert cluster.pool is not None
+        ssh = self.ssh(cluster.pool)
+        token = read_cluster_token(self.token_dir, cluster.name)
+        groups = _groups_per_node(config)
+        nodes = list(cluster.nodes)
+        for index, node in enumerate(nodes):
+            if node.pid is not None:
+                continue
+            # A start cut short (controller killed after the launch, before its pid was
+            # recorded) may have left this node running: stop it by its tag first.
+            await ssh.stop(_remote(node, pid=-1, session_id=-1))
+            token_path = await ssh.install_token(node.host, cluster.name, token)
+            host = ssh.host(node.host)
+            group = groups[index]
+            resources = _resources(group)
+            if index == 0:
+                ports = cluster.ports
+                head = HeadPorts(ports.gcs, ports.dashboard, ports.client_server)
+                argv = head_argv(host, node.temp_dir, head, node.ports, resources)
+            else:
+                argv = worker_argv(host, node.temp_dir, cluster.gcs_address, node.ports, resources)
+            started = await ssh.start_node(
+                node.host, "head" if index == 0 else "worker", argv, node.temp_dir, node.ports, token_path, group.env
+            )
+            nodes[index] = NodePlacement(
+                node.host, node.address, node.role, node.ports, node.temp_dir, started.pid, started.session_id
+            )
+            cluster = _with_nodes(cluster, nodes)
+            record(cluster)
+
+    async def liveness(self, cluster: ClusterRecord) -> tuple[bool, list[int], str | None]:
+        """(head alive, dead workers' pids, why) like the local provider's checks; read at most
+        every LIVENESS_CACHE_SECONDS. A host that does not answer counts as a dead node."""
+        cached = self._liveness.get(cluster.name)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < LIVENESS_CACHE_SECONDS:
+            return cached[1]
+        assert cluster.pool is not None
+        ssh = self.ssh(cluster.pool)
+        started = [node for node in cluster.nodes if node.pid is not None]
+
+        async def alive(node: NodePlacement) -> tuple[bool, str]:
+            try:
+                return await ssh.alive(_remote(node)), f"exited on host {node.host}"
+            except (NodeUnreachable, SshError) as exc:
+                return False, f"host {node.host} unreachable: {exc}"
+
+        answers = await asyncio.gather(*(alive(node) for node in started))
+        result: tuple[bool, list[int], str | None]
+        head = cluster.nodes[0]
+        if head.pid is None:
+            result = (False, [], None)
+        elif not answers[0][0]:
+            result = (False, [], f"head node {answers[0][1]}")
+        else:
+            dead = [(node, why) for node, (ok, why) in zip(started[1:], answers[1:], strict=True) if not ok]
+            reason = f"worker node pid {dead[0][0].pid} {dead[0][1]}" if dead else None
+            result = (True, [node.pid for node, _ in dead if node.pid is not None], reason)
+        self._liveness[cluster.name] = (now, result)
+        return result
+
+    async def stop(self, cluster: ClusterRecord) -> list[str]:
+        """Stop every node (those never recorded as running too, by their tag); what could not
+        be stopped, described (empty when all is gone)."""
+        if cluster.pool is None or not cluster.nodes:
+            return []
+        try:
+            ssh = self.ssh(cluster.pool)
+        except Shortfall as exc:
+            return [str(exc)]
+
+        async def stop(node: NodePlacement) -> list[str]:
+            try:
+                left = await ssh.stop(_remote(node))
+            except (NodeUnreachable, SshError, ProviderError) as exc:
+                return [f"{node.role} node on {node.host}: {exc}"]
+            return [f"{node.host}:{pid}" for pid in left]
+
+        leftovers = [item for items in await asyncio.gather(*(stop(n) for n in cluster.nodes)) for item in items]
+        if not leftovers:
+            self._liveness.pop(cluster.name, None)
+            self._tokens.pop(cluster.name, None)
+            (self.token_dir / f"{cluster.name}.token").unlink(missing_ok=True)
+        return leftovers
+
+
+def _remote(node: NodePlacement, pid: int | None = None, session_id: int | None = None) -> RemoteNode:
+    return RemoteNode(
+        host=node.host,
+        address=node.address,
+        role="head" if node.role == "head" else "worker",
+        # -1: no such process (never 0: kernel threads are in session 0)
+        pid=pid if pid is not None else (node.pid or -1),
+        session_id=session_id if session_id is not None else (node.session_id or -1),
+        temp_dir=node.temp_dir,
+        log_path=f"{node.temp_dir}.log",
+        ports=node.ports,
+    )
+
+
+def _groups_per_node(config: RayClusterConfigSpec) -> list[HeadGroupSpec]:
+    groups: list[HeadGroupSpec] = [config.head]
+    for group in config.workerGroups:
+        groups += [group] * group.replicas
+    return groups
+
+
+def _resources(group: HeadGroupSpec) -> list[str]:
+    args = [f"--num-cpus={group.numCpus:g}"]
+    if group.numGpus is not None:
+        args.append(f"--num-gpus={group.numGpus:g}")
+    if group.memory is not None:
+        args.append(f"--memory={group.memory}")
+    for key, value in sorted(group.rayStartParams.items()):
+        if value is True:
+            args.append(f"--{key}")
+        elif value is not False:
+            args.append(f"--{key}={value}")
+    return args
+
+
+def _with_nodes(cluster: ClusterRecord, nodes: list[NodePlacement]) -> ClusterRecord:
+    pids = [node.pid for node in nodes]
+    return cluster.with_changes(
+        nodes=tuple(nodes),
+        head_pid=pids[0],
+        worker_pids=tuple(pid for pid in pids[1:] if pid is not None),
+    )
