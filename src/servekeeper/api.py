@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from servekeeper.api_hosts import add_host_routes
-from servekeeper.api_rollouts import RolloutCommands, add_rollout_routes
+from servekeeper.api_rollouts import RolloutCommands, add_rollout_routes, check_ports_free
 from servekeeper.controller import Controller
 from servekeeper.core.placement import insufficient_capacity
 from servekeeper.core.serve_config import package_hash_of
@@ -138,7 +138,7 @@ def build_app(
         except SpecError as exc:
             raise HTTPException(status_code=422, detail={"problems": exc.problems}) from exc
         async with packaging:  # checked and stored under one lock: two applies cannot take one port
-            _check_ports_free(spec)
+            check_ports_free(store, spec)
             result = await _store_spec(spec)
             store.set_fact(
                 IMPORT_FACT.format(name=spec.name),
@@ -151,20 +151,6 @@ def build_app(
                 else None,
             )
             return result
-
-    def _check_ports_free(spec: ServiceSpec) -> None:
-        wanted = {spec.spec.ingress.port, spec.spec.ingress.grpcPort, spec.spec.ingress.previewPort} - {None}
-        for other in store.list_services():
-            if other.name == spec.name or other.deleting:
-                continue
-            ingress = ServiceSpec.model_validate_json(other.spec_json).spec.ingress
-            theirs = {ingress.port, ingress.grpcPort, ingress.previewPort}
-            taken = sorted(p for p in wanted & theirs if p is not None)
-            if taken:
-                raise HTTPException(
-                    status_code=422,
-                    detail={"problems": [f"spec.ingress.port: port {taken[0]} is used by service {other.name!r}"]},
-                )
 
     async def _store_spec(spec: ServiceSpec) -> dict[str, Any]:
         package_hash = None

@@ -117,7 +117,9 @@ class RolloutCommands:
                     raise HTTPException(
                         status_code=409, detail=f"the code package of revision {target.revision} is gone"
                     )
-            limit = ServiceSpec.model_validate_json(target.spec_json).spec.revisionHistoryLimit
+            target_spec = ServiceSpec.model_validate_json(target.spec_json)
+            check_ports_free(store, target_spec)  # another service may have taken a port since
+            limit = target_spec.spec.revisionHistoryLimit
             now = time.time()
             with store.transaction():
                 stored, changed = store.apply_spec(
@@ -132,6 +134,21 @@ class RolloutCommands:
                     record_applied(store, name, stored.generation, now)
         self.controller.wake(name)
         return {"name": name, "generation": stored.generation, "changed": changed, "toRevision": target.revision}
+
+
+def check_ports_free(store: Store, spec: ServiceSpec) -> None:
+    """422 when another service's ingress holds one of the spec's ports (apply and undo)."""
+    wanted = {spec.spec.ingress.port, spec.spec.ingress.grpcPort, spec.spec.ingress.previewPort} - {None}
+    for other in store.list_services():
+        if other.name == spec.name or other.deleting:
+            continue
+        ingress = ServiceSpec.model_validate_json(other.spec_json).spec.ingress
+        taken = sorted(p for p in wanted & {ingress.port, ingress.grpcPort, ingress.previewPort} if p is not None)
+        if taken:
+            raise HTTPException(
+                status_code=422,
+                detail={"problems": [f"spec.ingress.port: port {taken[0]} is used by service {other.name!r}"]},
+            )
 
 
 def add_rollout_routes(app: FastAPI, commands: RolloutCommands) -> None:

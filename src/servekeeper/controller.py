@@ -44,7 +44,7 @@ from servekeeper.status import (
     ServiceRecord,
     SwitchGate,
 )
-from servekeeper.store import Store
+from servekeeper.store import PROGRESSING, Store
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +206,15 @@ class Controller:
     def _record_revision_outcome(self, before: ServiceRecord, after: ServiceRecord) -> None:
         """The history's answer to "how did revision N end" (the first ending stands)."""
         generation = before.generation
-        if after.failed_generation == generation and before.failed_generation != generation:
+        failed = after.failed_generation == generation
+        if not failed and after.observed_generation != generation:
+            return
+        # Level-triggered (a crash between the status and this must not leave it Progressing):
+        # one read per tick, a write only when it ends.
+        revision = self.store.get_revision(before.name, generation)
+        if revision is None or revision.outcome != PROGRESSING:
+            return
+        if failed:
             reason = after.failure_reason or "RolloutFailed"
             if reason.startswith("Aborted"):
                 outcome, ended_by = "Aborted", "servekeeper abort"
@@ -215,8 +223,12 @@ class Controller:
             else:
                 outcome, ended_by = "Failed", "servekeeper"
             self.store.end_revision(before.name, generation, outcome, ended_by, reason, self.clock())
-        elif after.observed_generation == generation and after.failed_generation != generation:
-            if before.observed_generation != generation:
+        else:
+            outdated = after.condition(ConditionType.CLUSTER_SPEC_OUTDATED)
+            if outdated is not None and outdated.status:  # observed, but by design not rolled out
+                message = "the cluster spec changed but upgradeStrategy.type is None"
+                self.store.end_revision(before.name, generation, "NotRolledOut", "servekeeper", message, self.clock())
+            else:
                 self.store.end_revision(before.name, generation, "Succeeded", "servekeeper", "", self.clock())
 
     def _persist_status(self, before: ServiceRecord, after: ServiceRecord, only_failure: bool = False) -> None:
@@ -257,8 +269,6 @@ class Controller:
             if route is not None:
                 desired = self.dataplane.desired_route(service.name)
                 route = replace(route, preview=desired.preview_backend if desired is not None else None)
-            if any(c.role == ClusterRole.PENDING and c.canary is not None for c in live):
-                counters = _counters(await self.dataplane.backend_stats())
             if route is not None and (
                 not observed_route.in_sync  # type: ignore[union-attr]
                 or service.name in self._unacknowledged_routes
@@ -270,6 +280,11 @@ class Controller:
         except DataPlaneError as exc:
             ingress_ok = False  # every backend counts as busy: nothing is deleted on this look
             logger.warning("[%s] data plane not readable: %s", service.name, exc)
+        if any(c.role == ClusterRole.PENDING and c.canary is not None for c in live):
+            try:
+                counters = _counters(await self.dataplane.backend_stats())
+            except DataPlaneError as exc:  # no analysis verdict on this look; nothing else changes
+                logger.info("[%s] ingress counters not readable: %s", service.name, exc)
         return Observation(
             clusters={o.name: o for o in observed},
             route=route,
@@ -381,6 +396,10 @@ class Controller:
                 if document is not None:
                     changes["package_hash"] = package_hash_of(document)  # the code Ray runs now
             self.store.update_cluster(action.cluster, **changes)
+        elif isinstance(action, act.UpdateClusters):
+            with self.store.transaction():
+                for name, changes in action.changes:
+                    self.store.update_cluster(name, **changes)
         elif isinstance(action, act.SetRoute):
             await self._set_route(service, spec, action, tick)
         elif isinstance(action, act.SetTargetCapacity):

@@ -252,6 +252,9 @@ class SimWorld:
             behaviour.config_at = self.now
             behaviour.deployed_hash = action.config_hash
             behaviour.target_capacity = cluster.target_capacity
+        elif isinstance(action, act.UpdateClusters):
+            for name, changes in action.changes:
+                self.clusters[name] = self.clusters[name].with_changes(**changes)
         elif isinstance(action, act.SetTargetCapacity):
             behaviour = self.sim[action.cluster]
             behaviour.target_capacity = action.capacity

@@ -196,6 +196,7 @@ class CanaryState:
     failed_intervals: int = 0
     inconclusive_intervals: int = 0
     last_analysis: AnalysisFigures | None = None
+    held_since: float | None = None  # steps held (canary not ready, or its capacity not reached) since
 
     def with_changes(self, **changes: Any) -> CanaryState:
         return replace(self, **changes)
@@ -213,6 +214,7 @@ class CanaryState:
                 "failedIntervals": self.failed_intervals,
                 "inconclusiveIntervals": self.inconclusive_intervals,
                 "lastAnalysis": self.last_analysis.to_json() if self.last_analysis else None,
+                "heldSince": self.held_since,
             },
             sort_keys=True,
         )
@@ -232,6 +234,7 @@ class CanaryState:
             failed_intervals=data.get("failedIntervals", 0),
             inconclusive_intervals=data.get("inconclusiveIntervals", 0),
             last_analysis=AnalysisFigures.from_json(last) if last else None,
+            held_since=data.get("heldSince"),
         )
 
 

@@ -9,9 +9,10 @@ import pytest
 
 from servekeeper.core import actions as act
 from servekeeper.core.analysis import analyse, difference, p99_ms
+from servekeeper.core.planner import plan
 from servekeeper.sim import SimWorld
 from servekeeper.spec import AnalysisSpec, ServiceSpec, SpecError, parse_spec
-from servekeeper.status import BackendCounters, CanaryState, ClusterRecord, ClusterRole
+from servekeeper.status import AppStatus, BackendCounters, CanaryState, ClusterObservation, ClusterRecord, ClusterRole
 from tests.unit.test_planner import make_spec
 
 STEPS: list[dict[str, Any]] = [
@@ -387,3 +388,86 @@ def test_an_aborted_capacity_canary_gives_the_stable_cluster_its_replicas_back()
     world.tick()
     assert weights(world)[stable.name] == 100
     assert world.sim[stable.name].target_capacity == 100.0
+
+
+# -- found by review: a canary never gets stuck, never outlives its failure ---------------------
+
+
+def test_the_canary_takes_over_when_the_stable_cluster_dies() -> None:
+    world = ready_world(canary_spec())
+    stable, canary = canary_started(world, canary_spec(msg="v2"))
+    world.sim[stable.name].head_alive = False  # mid-canary, with `pause: {}` still ahead
+    world.run_for(5)
+    assert weights(world)[canary.name] == 100
+    assert world.clusters[canary.name].role == ClusterRole.ACTIVE
+    assert "CanaryTakesOver" in reasons(world)
+
+
+def test_an_unready_canary_is_still_analysed_and_aborted() -> None:
+    analysis = {"interval": "10s", "minRequests": 10, "successRate": {"min": 0.99}, "failureLimit": 0}
+    world = ready_world(canary_spec(analysis=analysis))
+    _, canary = canary_started(world, canary_spec(msg="v2", analysis=analysis))
+    observe = world.observe_cluster
+
+    def dashboard_down(cluster: ClusterRecord) -> ClusterObservation:
+        seen = observe(cluster)
+        if cluster.name == canary.name:
+            return ClusterObservation(name=seen.name, processes_alive=True, error="dashboard: timeout")
+        return seen
+
+    world.observe_cluster = dashboard_down  # type: ignore[method-assign]
+    run_with_traffic(world, 12, error_rate={canary.name: 0.5})
+    assert (world.service.failure_reason or "").startswith("AnalysisFailed")
+    assert weights(world)[canary.name] == 0
+
+
+def test_a_canary_held_too_long_is_aborted_as_stuck() -> None:
+    world = ready_world(canary_spec(readinessTimeoutSeconds=60))
+    _, canary = canary_started(world, canary_spec(msg="v2", readinessTimeoutSeconds=60))
+    world.sim[canary.name].app_status_after_deploy = AppStatus.DEPLOYING  # never ready again
+    world.sim[canary.name].config_at = world.now
+    world.run_for(70)
+    assert (world.service.failure_reason or "").startswith("CanaryStuck")
+    assert weights(world).get(canary.name, 0) == 0
+
+
+def test_capacity_that_never_settles_still_lets_analysis_abort() -> None:
+    steps = [{"setWeight": 25}, {"pause": {"duration": "5s"}}, {"setWeight": 50}, {"pause": {"duration": "5s"}}]
+    analysis = {"interval": "10s", "minRequests": 10, "successRate": {"min": 0.99}, "failureLimit": 1}
+    strategy = {"type": "Canary", "canary": {"steps": steps, "capacityFollowsTraffic": True, "analysis": analysis}}
+    world = ready_world(make_spec(upgradeStrategy=strategy))
+    _, canary = canary_started(world, make_spec(msg="v2", upgradeStrategy=strategy))
+    run_with_traffic(world, 6)
+    world.sim[canary.name].scale_s = 1e9  # the next step's replicas never come up
+    run_with_traffic(world, 40, error_rate={canary.name: 0.5})
+    assert (world.service.failure_reason or "").startswith("AnalysisFailed: 2 failed")
+
+
+def test_an_abort_decided_but_not_routed_before_a_crash_is_carried_out_after_it() -> None:
+    analysis = {"interval": "10s", "minRequests": 10, "successRate": {"min": 0.99}, "failureLimit": 0}
+    world = ready_world(canary_spec(analysis=analysis))
+    _, canary = canary_started(world, canary_spec(msg="v2", analysis=analysis))
+    while True:
+        world.serve_traffic(100, error_rate={canary.name: 0.3})
+        decision = plan(world.spec, world.service, list(world.clusters.values()), world.observe(), world.now)
+        if decision.service.failed_generation == 2:
+            break
+        world.tick()
+        world.advance(0.5)
+    # Stored: the failure (before any action); then killed before the weight went to 0.
+    world.service = world.service.with_changes(failed_generation=2, failure_reason=decision.service.failure_reason)
+    run_with_traffic(world, 30)  # clean traffic afterwards must not let it resume
+    assert world.clusters.get(canary.name) is None or world.clusters[canary.name].role != ClusterRole.ACTIVE
+    assert weights(world).get(canary.name, 0) == 0
+
+
+def test_steps_done_without_a_passed_interval_wait_for_one_or_for_promote() -> None:
+    steps = [{"setWeight": 20}, {"pause": {"duration": "5s"}}]
+    world = ready_world(canary_spec(steps=steps, analysis=ANALYSIS))
+    _, canary = canary_started(world, canary_spec(msg="v2", steps=steps, analysis=ANALYSIS))
+    world.counters = None  # the ingress's counters unreadable the whole time
+    world.run_for(60)
+    assert world.clusters[canary.name].role == ClusterRole.PENDING, "inconclusive is not a pass"
+    world.clusters[canary.name] = pending_of(world).with_changes(promote_requests=1)
+    world.tick()
+    assert world.clusters[canary.name].role == ClusterRole.ACTIVE

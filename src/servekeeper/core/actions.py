@@ -35,6 +35,13 @@ class UpdateCluster:
 
 
 @dataclass(frozen=True)
+class UpdateClusters:
+    """Several clusters' records changed in one transaction (roles swapped: never half done)."""
+
+    changes: tuple[tuple[str, dict[str, Any]], ...]
+
+
+@dataclass(frozen=True)
 class SetRoute:
     """Point the service's ingress port at `active`; `upstreams` also lists clusters still
     draining, so the ingress keeps counting their in-flight requests. A canary takes
@@ -86,6 +93,7 @@ Action = (
     | StartCluster
     | SubmitConfig
     | UpdateCluster
+    | UpdateClusters
     | SetRoute
     | SetTargetCapacity
     | RemoveRoute

@@ -45,7 +45,7 @@ def describe_step(spec: CanarySpec, state: CanaryState) -> str:
     """ "step 2/4: pause 30s" — for status lines and the live view."""
     total = len(spec.steps)
     if state.step >= total:
-        return f"step {total}/{total}: done"
+        return f"step {total}/{total}: done, waiting for a passed analysis interval (or promote)"
     step = spec.steps[state.step]
     if step.setWeight is not None:
         what = f"setWeight {step.setWeight}"
@@ -74,12 +74,18 @@ def advance(
     canary: str,
     stable: str,
     now: float,
+    hold: bool = False,
 ) -> CanaryDecision:
-    """One tick of a canary whose cluster is ready. `counters`: the ingress's per-backend
-    counters now (None: unreadable on this look, so no analysis verdict is drawn)."""
+    """One tick of a canary. `counters`: the ingress's per-backend counters now (None:
+    unreadable on this look, so no analysis verdict is drawn). `hold`: the canary may not take
+    more traffic now (not ready, or its capacity not reached): analysis and abort go on, the
+    steps and promotions wait."""
     decision = CanaryDecision(state=state)
     if commands.abort_requested:
         decision.outcome, decision.reason = ABORT, "Aborted: by `servekeeper abort`"
+        return decision
+    if hold:
+        _analyse(spec, decision, counters, canary, stable, now)
         return decision
     if commands.promote_full:
         decision.outcome = PROMOTE
@@ -110,9 +116,13 @@ def _analyse(
         return
     if now - state.interval_started_at < analysis.interval:
         return
-    empty = BackendCounters()
-    canary_delta = difference(counters.get(canary, empty), state.baseline.get(canary, empty))
-    stable_delta = difference(counters.get(stable, empty), state.baseline.get(stable, empty))
+
+    def delta(name: str) -> BackendCounters | None:
+        end = counters.get(name, BackendCounters())
+        # Not in Envoy's stats at the interval's start: it had answered nothing yet.
+        return difference(end, state.baseline.get(name, BackendCounters(epoch=end.epoch)))
+
+    canary_delta, stable_delta = delta(canary), delta(stable)
     figures = analyse(analysis, canary_delta, stable_delta, state.interval_started_at, now)
     passed, failed, inconclusive = state.passed_intervals, state.failed_intervals, state.inconclusive_intervals
     if figures.verdict == PASSED:
@@ -151,15 +161,19 @@ def _step(spec: CanarySpec, decision: CanaryDecision, commands: CanaryCommands, 
     while True:
         state = decision.state
         if state.step >= len(spec.steps):
-            decision.outcome = PROMOTE
+            # Inconclusive is not success: with analysis, all the traffic only after a passed
+            # interval (or an explicit promote).
+            promoted = commands.promote_requests > state.promotes_seen
+            if spec.analysis is None or state.passed_intervals > 0 or promoted:
+                decision.outcome = PROMOTE
             return
         step = spec.steps[state.step]
         if step.setWeight is not None:
             if moved:
                 return
             if step.setWeight >= 100:
-                decision.outcome = PROMOTE
-                return
+                decision.state = state.with_changes(step=len(spec.steps))
+                continue
             decision.state = state.with_changes(step=state.step + 1, step_started_at=now, weight=step.setWeight)
             decision.events.append(("CanaryWeight", f"{step.setWeight}% of traffic to the canary", False))
             moved = True
@@ -174,4 +188,9 @@ def _step(spec: CanarySpec, decision: CanaryDecision, commands: CanaryCommands, 
         decision.state = state.with_changes(
             step=state.step + 1, step_started_at=now, promotes_seen=commands.promote_requests
         )
-        decision.events.append(("CanaryResumed", f"{why}: step {state.step + 2} of {len(spec.steps)} next", False))
+        last = state.step + 1 >= len(spec.steps)
+        following = "done" if last else f"step {state.step + 2} of {len(spec.steps)} next"
+        decision.events.append(("CanaryResumed", f"{why}: {following}", False))
+        if promoted and last:
+            decision.outcome = PROMOTE  # an explicit promote of the last pause: no analysis gate
+            return

@@ -21,7 +21,9 @@ from servekeeper.core.actions import (
     StartCluster,
     SubmitConfig,
     UpdateCluster,
+    UpdateClusters,
 )
+from servekeeper.core.canary_flow import canary_tick
 from servekeeper.core.health import Verdict, health, judged_apps, readiness, switch_allowed
 from servekeeper.core.serve_config import desired_config_hash
 from servekeeper.spec import CanarySpec, RayClusterConfigSpec, ServiceSpec
@@ -202,6 +204,9 @@ class _Planner:
             return "Aborted: by `servekeeper abort`"
         if pending.failure_reason:
             return pending.failure_reason
+        if self._rollout_failed and pending.canary is not None and pending.generation == self.service.generation:
+            # Failed and stored, but stopped before the canary was retired: retire it now.
+            return self.plan.service.failure_reason or "RolloutFailed"
         if pending.head_pid is not None and not observed.processes_alive:
             cause = f": {observed.error}" if observed.error else ""
             return f"HeadDied: the head of pending cluster {pending.name} exited before it was ready{cause}"
@@ -235,6 +240,10 @@ class _Planner:
         if failure is not None:
             self._fail_rollout(pending, failure)
             return
+        active = self._one(ClusterRole.ACTIVE)
+        if pending.canary is not None and active is not None:
+            canary_tick(self, pending, active)  # analysis and commands go on whatever it looks like
+            return
         if not observed.dashboard_ok:
             return  # still starting
         if pending.applied_config_hash != self.desired_config_hash:
@@ -251,7 +260,7 @@ class _Planner:
         if verdict.ok:
             active = self._one(ClusterRole.ACTIVE)
             if active is not None and self._canary_applies(pending, active):
-                self._advance_canary(pending, active)
+                canary_tick(self, pending, active)
             elif pending.target_capacity is not None and not self._settled_at(pending, 100.0):
                 self._scale(pending, 100.0)  # all the traffic needs all the replicas first
             else:
@@ -276,50 +285,6 @@ class _Planner:
             and active.generation < pending.generation
             and self.plan.service.unhealthy_since is None
         )
-
-    def _advance_canary(self, pending: ClusterRecord, active: ClusterRecord) -> None:
-        strategy = self.spec.spec.upgradeStrategy.canary
-        if strategy is None:  # the spec changed to another strategy mid-canary: finish at once
-            self._switch_all_traffic(pending)
-            return
-        state = pending.canary or canary.start(self.now)
-        if pending.canary is None:
-            self._event(
-                "CanaryStarted", f"canary {pending.name} is ready: {len(strategy.steps)} steps beside {active.name}"
-            )
-        commands = canary.CanaryCommands(pending.promote_requests, pending.promote_full, pending.abort_requested)
-        decision = canary.advance(
-            strategy, state, commands, self.observation.backend_counters, pending.name, active.name, self.now
-        )
-        if active.target_capacity is not None:
-            self._scale(active, active.target_capacity)  # level-triggered: again if Ray shows another
-        if decision.outcome != canary.ABORT and pending.target_capacity is not None:
-            wanted = 100.0 if decision.outcome == canary.PROMOTE else float(decision.state.weight)
-            if wanted > pending.target_capacity or not self._settled_at(pending, pending.target_capacity):
-                # Capacity before traffic: the step waits until the canary's replicas run.
-                self._scale(pending, max(wanted, pending.target_capacity))
-                if pending.canary is None:
-                    self._do(UpdateCluster(pending.name, {"canary": state}))
-                return
-        for reason, message, warning in decision.events:
-            self._event(reason, message, warning)
-        pending = pending.with_changes(canary=decision.state)
-        self.clusters[pending.name] = pending
-        if decision.outcome == canary.ABORT:
-            self._fail_rollout(pending, decision.reason)
-            return
-        if decision.outcome == canary.PROMOTE:
-            self._do(UpdateCluster(pending.name, {"canary": decision.state}))
-            self._switch_all_traffic(pending)
-            return
-        route_action = self._desired_route_action()
-        if route_action is not None and (decision.state.weight != state.weight or self.observation.route is None):
-            self._do(route_action)  # the ingress first, then the step is recorded
-        if decision.state != state or pending.canary is None:
-            self._do(UpdateCluster(pending.name, {"canary": decision.state}))
-        if pending.target_capacity is not None and decision.state.weight != state.weight:
-            # Traffic first, then the old cluster shrinks to what it still carries.
-            self._scale(active, float(100 - decision.state.weight))
 
     @property
     def _capacity_follows_traffic(self) -> bool:
@@ -408,6 +373,10 @@ class _Planner:
         self._do(UpdateCluster(pending.name, changes))
 
     def _fail_rollout(self, pending: ClusterRecord, reason: str) -> None:
+        if pending.canary is not None and not pending.failure_reason:
+            # First of all: a restart between here and the weight going to 0 must abort again,
+            # not resume (an analysis verdict is not made twice the same).
+            self._do(UpdateCluster(pending.name, {"failure_reason": reason}))
         self._retire(pending, "RolloutFailed")
         if pending.generation == self.service.generation:
             # Recorded per generation: the same spec is not retried blindly; a new apply retries.
@@ -426,6 +395,14 @@ class _Planner:
                 self._create(ClusterRole.PENDING, "FirstApply" if first else "NoActiveCluster")
             return
         observed = self._observed(active)
+        if active.abort_requested:
+            # `abort` reached it while a tick was promoting it: say so, since abort was accepted.
+            self._event(
+                "AbortTooLate",
+                f"{active.name} was promoted before the abort arrived; `servekeeper undo` rolls back",
+                warning=True,
+            )
+            self._update_cluster(active, abort_requested=False)
         if active.target_capacity is not None:
             self._scale(active, 100.0)  # no canary beside it (any more): every replica
         if active.cluster_spec_hash == self.desired_cluster_hash and self._in_place_failed(active, observed):
@@ -466,18 +443,28 @@ class _Planner:
         for kept in reversed(self._with_role(ClusterRole.DRAINING)):
             observed = self._observed(kept)
             if (
-                kept.cluster_spec_hash == self.desired_cluster_hash
+                kept.ready_at is not None  # it served as active: never a retired canary
+                and kept.cluster_spec_hash == self.desired_cluster_hash
                 and kept.applied_config_hash == self.desired_config_hash
                 and observed.deployed_config_hash == self.desired_config_hash
                 and self._switch_verdict(observed).ok
             ):
+                if kept.target_capacity is not None and not self._settled_at(kept, 100.0):
+                    self._scale(kept, 100.0)  # shrunk by a canary: its replicas back before its traffic
+                    return True
                 self.clusters[kept.name] = kept.with_changes(role=ClusterRole.ACTIVE)
                 self.clusters[active.name] = active.with_changes(role=ClusterRole.DRAINING)
                 route_action = self._desired_route_action()
                 if route_action is not None:
                     self._do(route_action)
-                self._update_cluster(active, role=ClusterRole.DRAINING, drain_started_at=self.now)
-                self._update_cluster(kept, role=ClusterRole.ACTIVE, drain_started_at=None, ready_at=self.now)
+                # One transaction: a crash can never leave both draining (or both active).
+                swap = (
+                    (active.name, {"role": ClusterRole.DRAINING, "drain_started_at": self.now}),
+                    (kept.name, {"role": ClusterRole.ACTIVE, "drain_started_at": None, "ready_at": self.now}),
+                )
+                self._do(UpdateClusters(swap))
+                self.clusters[active.name] = active.with_changes(**swap[0][1])
+                self.clusters[kept.name] = kept.with_changes(**swap[1][1])
                 self._event("TrafficSwitchedBack", f"100% of traffic back on kept cluster {kept.name}; no new cluster")
                 return True
         return False
