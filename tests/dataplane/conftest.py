@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -83,3 +84,16 @@ async def process_configs(plane: DataPlane) -> list[ProcessConfig]:
 async def admin_get(port: int, path: str) -> Any:
     async with aiohttp.ClientSession() as session:
         return await AdminClient(session).get(port, path)
+
+
+async def inflight_until(
+    plane: DataPlane, check: Callable[[dict[str, int]], bool], timeout: float = 5, service: str = "svc"
+) -> None:
+    """Polls routes() until the service's in-flight counts pass `check`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        inflight = (await plane.routes())[service].inflight
+        if check(inflight):
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"in-flight counts stayed {inflight}"
+        await asyncio.sleep(0.05)

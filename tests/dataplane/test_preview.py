@@ -3,6 +3,7 @@ and its observed weights untouched; 503 with a reason when there is nothing to p
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 
@@ -10,8 +11,15 @@ import aiohttp
 import httpx
 import pytest
 
-from servekeeper.dataplane import Backend, DataPlane, DataPlaneError, ServiceRoute
-from tests.dataplane.conftest import PlaneFactory, UpstreamFactory, free_port, process_configs, route
+from servekeeper.dataplane import Backend, BackendStats, DataPlane, DataPlaneError, ServiceRoute
+from tests.dataplane.conftest import (
+    PlaneFactory,
+    UpstreamFactory,
+    free_port,
+    inflight_until,
+    process_configs,
+    route,
+)
 from tests.dataplane.upstream import Upstream
 
 NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)  # a connection each, spread over the processes
@@ -55,7 +63,8 @@ async def test_preview_port_goes_to_the_preview_backend_while_the_main_port_keep
         assert config.active_listeners == {"http-svc", "preview-svc"}
         assert set(config.route_versions) == {"http-svc", "preview-svc"}
         assert config.route_weights["http-svc"] == {"http-a": 100, "http-b": 0}
-        assert config.active_clusters == {"http-a", "http-b"}  # the preview adds no cluster
+        # The preview port's clusters of its own: its requests are not the backends' user traffic.
+        assert config.active_clusters == {"http-a", "http-b", "preview-a", "preview-b"}
 
 
 async def test_preview_changes_on_a_live_route(make_plane: PlaneFactory, upstream: UpstreamFactory) -> None:
@@ -107,6 +116,7 @@ async def test_preview_changes_on_a_live_route(make_plane: PlaneFactory, upstrea
     for config in await process_configs(plane):
         # (Its route config may linger while the removed listener drains; nothing reads it as weights.)
         assert config.active_listeners == {"http-svc"}
+        assert config.active_clusters == {"http-a", "http-b"}  # the preview clusters left with their port
     for index in range(2):
         assert sorted(p.name for p in (plane.dir / f"envoy-{index}" / "rds").iterdir()) == ["http-svc.json"]
 
@@ -145,6 +155,64 @@ async def test_a_restarted_daemon_adopts_envoy_with_the_preview(
     assert adopting.desired_route("svc") == desired
     assert await answers(preview_port) == ["b"] * 20
     assert await answers(port) == ["a"] * 20
+
+
+async def test_preview_requests_are_not_counted_in_the_backend_stats(
+    make_plane: PlaneFactory, upstream: UpstreamFactory
+) -> None:
+    """The canary is judged on backend_stats(): smoke tests on the preview port must not count there."""
+    plane, (a, b), backends = await two_backends(make_plane, upstream)
+    port, preview_port = free_port(), free_port()
+    await plane.set_route(
+        route("svc", port, backends, {"a": 0, "b": 100}, preview_port=preview_port, preview_backend="b")
+    )
+    await asyncio.sleep(STATS_FLUSH_S)
+    before = await plane.backend_stats()
+
+    assert await answers(preview_port) == ["b"] * 20
+    await asyncio.sleep(STATS_FLUSH_S)  # histograms reach the admin interface at a flush
+    assert b.requests == 20
+    assert await plane.backend_stats() == before
+
+    assert await answers(port) == ["b"] * 20
+    await asyncio.sleep(STATS_FLUSH_S)
+    after = (await plane.backend_stats())["b"]
+    assert (after.rq_total, after.rq_2xx) == (before["b"].rq_total + 20, before["b"].rq_2xx + 20)
+    assert _latency_count(after) == _latency_count(before["b"]) + 20
+    assert (await plane.backend_stats())["a"] == before["a"]
+
+
+async def test_a_preview_request_in_flight_keeps_its_backend_busy(
+    make_plane: PlaneFactory, upstream: UpstreamFactory
+) -> None:
+    """A cluster is drained only once idle: a smoke test still running counts, even after the
+    preview moved on, and its request is not cut by the move."""
+    plane, (a, b), backends = await two_backends(make_plane, upstream)
+    port, preview_port = free_port(), free_port()
+    await plane.set_route(
+        route("svc", port, backends, {"a": 100, "b": 0}, preview_port=preview_port, preview_backend="b")
+    )
+    before = (await plane.backend_stats())["b"]
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{preview_port}") as client:
+        slow = asyncio.create_task(client.get("/", params={"sleep": "2"}))
+        await inflight_until(plane, lambda inflight: inflight == {"a": 0, "b": 1})
+        stats = (await plane.backend_stats())["b"]
+        assert stats.rq_active == 1 and stats.rq_total == before.rq_total  # in flight, yet no traffic
+
+        # The pending cluster is dropped (the switch aborted): no preview, the backend drains at 0.
+        await plane.set_route(route("svc", port, backends, {"a": 100, "b": 0}, preview_port=preview_port))
+        assert (await plane.routes())["svc"].inflight == {"a": 0, "b": 1}
+        response = await slow
+        assert (response.status_code, response.text) == (200, "b")
+    await inflight_until(plane, lambda inflight: inflight == {"a": 0, "b": 0})
+
+
+STATS_FLUSH_S = 1.3  # the bootstrap's stats_flush_interval (1 s) and some room
+
+
+def _latency_count(stats: BackendStats) -> int:
+    """Requests timed so far: the count of the largest bucket (the buckets are cumulative)."""
+    return max(stats.latency_ms_buckets.values(), default=0)
 
 
 def _refused(port: int) -> bool:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from servekeeper.dataplane import Backend, DataPlaneError, Endpoint, ServiceRoute
-from servekeeper.dataplane.admin import ProcessConfig
+from servekeeper.dataplane.admin import ProcessConfig, parse_stats
 from servekeeper.dataplane.model import route_from_json, route_to_json
-from servekeeper.dataplane.observe import observe_routes
-from servekeeper.dataplane.render import render_clusters, render_listeners, render_route_configs
+from servekeeper.dataplane.observe import observe_routes, sum_backend_stats
+from servekeeper.dataplane.render import backend_of, render_clusters, render_listeners, render_route_configs
 
 A = Backend("hello-g1", (Endpoint("127.0.0.1", 9001),), (Endpoint("127.0.0.1", 9101),))
 B = Backend("hello-g2", (Endpoint("127.0.0.1", 9003),), (Endpoint("127.0.0.1", 9103),))
@@ -94,7 +94,10 @@ def test_preview_listener_is_the_main_listener_on_another_port_with_its_own_rout
 def test_changing_the_preview_backend_touches_only_the_preview_route_file() -> None:
     to_g2, to_nothing = svc(), svc(preview_backend=None)
     assert render_listeners([to_g2], XDS) == render_listeners([to_nothing], XDS)
-    assert render_clusters([to_g2]) == render_clusters([to_nothing]) == render_clusters([svc(None, None)])
+    # Every backend has its preview cluster while the service has a preview port, whatever it previews.
+    assert (
+        render_clusters([to_g2]) == render_clusters([to_nothing]) == render_clusters([svc(preview_backend="hello-g1")])
+    )
     without = render_route_configs([svc(None, None)])
     for route in (to_g2, to_nothing):
         configs = render_route_configs([route])
@@ -105,7 +108,7 @@ def test_changing_the_preview_backend_touches_only_the_preview_route_file() -> N
 def test_preview_route_sends_everything_to_the_preview_backend() -> None:
     configs = render_route_configs([svc(request_timeout_s=30)])
     action = entry(configs["preview-hello"])["route"]
-    assert action["cluster"] == "http-hello-g2" and "weighted_clusters" not in action
+    assert action["cluster"] == "preview-hello-g2" and "weighted_clusters" not in action
     main_action = entry(configs["http-hello"])["route"]
     assert action["timeout"] == main_action["timeout"] == "30.000s"
     assert action["retry_policy"] == main_action["retry_policy"]
@@ -129,3 +132,83 @@ def test_a_preview_route_is_not_read_as_the_service_weights() -> None:
     without = observe_routes([(ProcessConfig(route_weights={"http-hello": weights["http-hello"]}), {})])
     assert with_preview == without
     assert with_preview["hello"].weights == {"hello-g1": 100, "hello-g2": 0}
+
+
+def test_preview_clusters_are_the_http_clusters_under_another_name() -> None:
+    with_preview, without = render_clusters([svc(grpc_port=9000)]), render_clusters([svc(None, None, grpc_port=9000)])
+    assert set(with_preview) == set(without) | {"preview-hello-g1", "preview-hello-g2"}
+    for backend in ("hello-g1", "hello-g2"):
+        preview, main = with_preview[f"preview-{backend}"], with_preview[f"http-{backend}"]
+        assert preview["name"] == preview["load_assignment"]["cluster_name"] == f"preview-{backend}"
+        # Endpoints, timeouts, health checks, circuit breakers, upstream protocol: all the HTTP cluster's.
+        assert {**preview, "name": "", "load_assignment": {**preview["load_assignment"], "cluster_name": ""}} == {
+            **main,
+            "name": "",
+            "load_assignment": {**main["load_assignment"], "cluster_name": ""},
+        }
+        assert with_preview[f"http-{backend}"] == without[f"http-{backend}"]  # the main ones are unchanged
+
+
+@pytest.mark.parametrize(
+    ("cluster", "owner"),
+    [
+        pytest.param("preview-x", ("preview", "x"), id="preview-cluster"),
+        pytest.param("http-preview-x", ("http", "preview-x"), id="backend-named-preview"),
+        pytest.param("preview-preview-x", ("preview", "preview-x"), id="its-preview-cluster"),
+        pytest.param("preview-http-x", ("preview", "http-x"), id="preview-of-backend-named-http"),
+        pytest.param("preview-", None, id="no-backend"),
+        pytest.param("previews-x", None, id="other-kind"),
+    ],
+)
+def test_preview_cluster_names_never_collide_with_backend_names(cluster: str, owner: tuple[str, str] | None) -> None:
+    assert backend_of(cluster) == owner
+
+
+def test_clusters_of_a_backend_named_like_a_preview_cluster_stay_apart() -> None:
+    x = Backend("x", (Endpoint("127.0.0.1", 9001),))
+    preview_x = Backend("preview-x", (Endpoint("127.0.0.1", 9002),))
+    route = ServiceRoute("s", 8000, (x, preview_x), {"x": 1, "preview-x": 1}, preview_port=8001, preview_backend="x")
+    clusters = render_clusters([route])
+    assert set(clusters) == {"http-x", "http-preview-x", "preview-x", "preview-preview-x"}
+    assert {backend_of(name) for name in clusters} == {
+        ("http", "x"),
+        ("http", "preview-x"),
+        ("preview", "x"),
+        ("preview", "preview-x"),
+    }
+
+
+def test_preview_requests_count_only_as_in_flight() -> None:
+    def stat(cluster: str, name: str, value: int) -> dict[str, Any]:
+        return {"name": f"cluster.{cluster}.{name}", "value": value}
+
+    def histogram(cluster: str, count: int) -> dict[str, Any]:
+        return {"name": f"cluster.{cluster}.upstream_rq_time", "buckets": [{"upper_bound": 5, "cumulative": count}]}
+
+    stats = {
+        "stats": [
+            stat("http-b", "upstream_rq_total", 10),
+            stat("http-b", "upstream_rq_5xx", 1),
+            stat("http-b", "upstream_rq_active", 2),
+            stat("preview-b", "upstream_rq_total", 50),
+            stat("preview-b", "upstream_rq_5xx", 40),
+            stat("preview-b", "upstream_rq_active", 3),
+            stat("preview-b", "upstream_rq_pending_active", 1),
+            # A backend named "preview-b" is a backend like any other.
+            stat("http-preview-b", "upstream_rq_total", 7),
+            {"histograms": [histogram("http-b", 10), histogram("preview-b", 50), histogram("http-preview-b", 7)]},
+        ]
+    }
+    counters = parse_stats(stats)
+    assert set(counters) == {"b", "preview-b"}
+    totals = sum_backend_stats([counters, counters])  # two processes
+    assert (totals["b"].rq_total, totals["b"].rq_5xx, totals["b"].latency_ms_buckets) == (20, 2, {5.0: 20})
+    assert totals["b"].rq_active == 12  # in flight: the preview port's requests are on the backend too
+    assert (totals["preview-b"].rq_total, totals["preview-b"].latency_ms_buckets) == (14, {5.0: 14})
+
+    weights = {"http-hello": {"http-b": 100, "http-preview-b": 0}}
+    observed = observe_routes([(ProcessConfig(route_weights=weights), counters)] * 2)["hello"]
+    assert observed.weights == {"b": 100, "preview-b": 0}
+    assert observed.inflight == {"b": 12, "preview-b": 0}
+    # A backend seen only through its preview cluster has no request counters to report.
+    assert sum_backend_stats([parse_stats({"stats": [stat("preview-c", "upstream_rq_total", 3)]})]) == {}

@@ -6,14 +6,20 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Callable
 
 import aiohttp
 import httpx
 import pytest
 
-from servekeeper.dataplane import Backend, DataPlane, DataPlaneError
-from tests.dataplane.conftest import PlaneFactory, UpstreamFactory, free_port, process_configs, route
+from servekeeper.dataplane import Backend, DataPlaneError
+from tests.dataplane.conftest import (
+    PlaneFactory,
+    UpstreamFactory,
+    free_port,
+    inflight_until,
+    process_configs,
+    route,
+)
 
 
 async def test_switch_is_acknowledged_by_every_process_and_keeps_keepalive_connections(
@@ -69,14 +75,14 @@ async def test_inflight_counts_slow_requests_and_open_websockets_over_every_proc
     url = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(base_url=url) as client:
         slow = asyncio.create_task(client.get("/", params={"sleep": "1"}))
-        await _until(plane, lambda inflight: inflight == {"a": 1, "b": 0})
+        await inflight_until(plane, lambda inflight: inflight == {"a": 1, "b": 0})
         assert (await slow).text == "a"
-        await _until(plane, lambda inflight: inflight == {"a": 0, "b": 0})
+        await inflight_until(plane, lambda inflight: inflight == {"a": 0, "b": 0})
 
     async with aiohttp.ClientSession() as session, session.ws_connect(url + "/ws") as socket:
         await socket.send_str("hi")
         assert json.loads(await socket.receive_str())["backend"] == "a"
-        await _until(plane, lambda inflight: inflight["a"] == 1)
+        await inflight_until(plane, lambda inflight: inflight["a"] == 1)
         await plane.set_route(route("svc", port, backends, {"a": 0, "b": 100}))
         # The socket opened before the switch stays with its backend, and counts as in flight there.
         await socket.send_str("still there")
@@ -85,19 +91,9 @@ async def test_inflight_counts_slow_requests_and_open_websockets_over_every_proc
         async with session.ws_connect(url + "/ws") as newer:
             await newer.send_str("new")
             assert json.loads(await newer.receive_str())["backend"] == "b"
-    await _until(plane, lambda inflight: inflight == {"a": 0, "b": 0})
+    await inflight_until(plane, lambda inflight: inflight == {"a": 0, "b": 0})
 
     # A process that cannot be read makes the whole observation fail: never "idle" by omission.
     os.kill(plane.processes()[1].pid, signal.SIGKILL)
     with pytest.raises(DataPlaneError):
         await plane.routes()
-
-
-async def _until(plane: DataPlane, check: Callable[[dict[str, int]], bool], timeout: float = 5) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        inflight = (await plane.routes())["svc"].inflight
-        if check(inflight):
-            return
-        assert asyncio.get_running_loop().time() < deadline, f"in-flight counts stayed {inflight}"
-        await asyncio.sleep(0.05)

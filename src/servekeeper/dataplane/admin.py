@@ -10,11 +10,11 @@ from typing import Any
 import aiohttp
 
 from servekeeper.dataplane.model import DataPlaneError
-from servekeeper.dataplane.render import backend_of
+from servekeeper.dataplane.render import PREVIEW, backend_of
 
 ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=3, sock_connect=1)
 # Only cluster stats of ours; the histogram buckets come along for latency figures.
-STATS_QUERY = "/stats?format=json&histogram_buckets=cumulative&filter=^cluster\\.(http|grpc)-"
+STATS_QUERY = "/stats?format=json&histogram_buckets=cumulative&filter=^cluster\\.(http|grpc|preview)-"
 
 
 @dataclass(frozen=True)
@@ -75,15 +75,19 @@ def _weights(route_config: Mapping[str, Any]) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class ClusterCounters:
-    """One backend's stats in one process (HTTP and gRPC clusters added up)."""
+    """One backend's stats in one process: its HTTP and gRPC clusters added up, and apart from them
+    its preview cluster's, which are smoke tests and count only as requests in flight."""
 
     values: Mapping[str, int]
     latency_ms_buckets: Mapping[float, int]
+    preview_values: Mapping[str, int] = field(default_factory=dict)
 
 
 def parse_stats(stats: Mapping[str, Any]) -> dict[str, ClusterCounters]:
-    """Per backend: the counters and gauges of its clusters, and their upstream_rq_time buckets."""
+    """Per backend: the counters and gauges of its clusters, and their upstream_rq_time buckets;
+    its preview cluster's counters and gauges kept apart, its histogram left out."""
     values: dict[str, dict[str, int]] = {}
+    preview_values: dict[str, dict[str, int]] = {}
     buckets: dict[str, dict[float, int]] = {}
     for entry in stats.get("stats", []):
         if "value" in entry:
@@ -91,26 +95,34 @@ def parse_stats(stats: Mapping[str, Any]) -> dict[str, ClusterCounters]:
             cluster, _, stat = rest.partition(".")
             owner = backend_of(cluster)
             if owner is not None:
-                into = values.setdefault(owner[1], {})
+                kind, backend = owner
+                into = (preview_values if kind == PREVIEW else values).setdefault(backend, {})
                 into[stat] = into.get(stat, 0) + int(entry["value"])
         for histogram in entry.get("histograms", []) if isinstance(entry.get("histograms"), list) else []:
             _, _, rest = histogram["name"].partition(".")
             cluster, _, stat = rest.partition(".")
             owner = backend_of(cluster)
-            if owner is None or stat != "upstream_rq_time":
+            if owner is None or owner[0] == PREVIEW or stat != "upstream_rq_time":
                 continue
             into_buckets = buckets.setdefault(owner[1], {})
             for bucket in histogram.get("buckets", []):
                 bound = float(bucket["upper_bound"])
                 into_buckets[bound] = into_buckets.get(bound, 0) + int(bucket.get("cumulative") or 0)
-    names = set(values) | set(buckets)
-    return {name: ClusterCounters(values.get(name, {}), buckets.get(name, {})) for name in names}
+    names = set(values) | set(buckets) | set(preview_values)
+    return {
+        name: ClusterCounters(values.get(name, {}), buckets.get(name, {}), preview_values.get(name, {}))
+        for name in names
+    }
 
 
 def inflight(counters: ClusterCounters) -> int:
-    """Requests a backend still owes an answer: active ones, open upgraded streams (a WebSocket is
-    an active request until it closes) and requests still waiting for a connection."""
-    return counters.values.get("upstream_rq_active", 0) + counters.values.get("upstream_rq_pending_active", 0)
+    """Requests a backend still owes an answer, the preview port's included: active ones, open
+    upgraded streams (a WebSocket is an active request until it closes) and requests still waiting
+    for a connection."""
+    return sum(
+        values.get("upstream_rq_active", 0) + values.get("upstream_rq_pending_active", 0)
+        for values in (counters.values, counters.preview_values)
+    )
 
 
 class AdminClient:

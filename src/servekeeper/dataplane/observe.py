@@ -40,10 +40,15 @@ def observe_routes(answers: Sequence[tuple[ProcessConfig, dict[str, ClusterCount
 
 
 def sum_backend_stats(answers: Sequence[dict[str, ClusterCounters]]) -> dict[str, BackendStats]:
+    """The request counters and latencies are the main clusters' alone (what a canary is judged
+    on: the preview port's smoke tests are not user traffic); rq_active is the in-flight figure
+    that routes() reports, preview requests included."""
     totals: dict[str, dict[str, int]] = {}
     buckets: dict[str, dict[float, int]] = {}
     for stats in answers:
         for backend, counters in stats.items():
+            if not counters.values and not counters.latency_ms_buckets:
+                continue  # only a preview cluster's stats (no main cluster in this process)
             into = totals.setdefault(backend, {})
             for key in ("upstream_rq_total", "upstream_rq_2xx", "upstream_rq_4xx", "upstream_rq_5xx"):
                 into[key] = into.get(key, 0) + counters.values.get(key, 0)

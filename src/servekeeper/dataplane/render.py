@@ -7,9 +7,17 @@ per protocol. Names: listener and route config "http-<service>" / "grpc-<service
 "http-<backend>" / "grpc-<backend>".
 
 A service with a preview port gets one more HTTP listener, "preview-<service>", with a route file
-of its own that sends everything to the preview backend's HTTP cluster (or answers 503 when there
-is none). It reuses the backends' clusters, so it adds no cluster; and since its name does not
-start with "http-", nothing reads it as the service's weights.
+of its own that sends everything to the preview backend (or answers 503 when there is none); since
+its name does not start with "http-", nothing reads it as the service's weights. The preview port
+has clusters of its own, "preview-<backend>" (the HTTP cluster under another name), so that smoke
+tests never count in a backend's request counters and latencies, which decide a canary; they
+count only in its in-flight figure. Every backend of such a service gets one, not just the
+previewed backend: moving the preview then changes only the route file, and a preview cluster is
+dropped only with its backend, which happens once that backend is idle, preview requests included.
+
+A cluster name is "<kind>-<backend>" with a kind from CLUSTER_KINDS, none of which holds a "-":
+the text before the first "-" is always the kind, so a backend named "preview-x" (cluster
+"http-preview-x") never reads as the preview cluster of "x" ("preview-x").
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection
 HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 HTTP, GRPC = "http", "grpc"
-PREVIEW = "preview"  # a listener and route config kind, never a cluster's protocol
+PREVIEW = "preview"  # the preview port's listener and route config, and its clusters
+CLUSTER_KINDS = (HTTP, GRPC, PREVIEW)
 HEALTH_PATH = "/-/healthz"  # what Ray Serve's HTTP proxy answers 200 on while it takes traffic
 # Shorter than the keep-alive of Serve's proxy (uvicorn, 90 s), so Envoy is always the side that
 # closes an idle upstream connection; otherwise a request can race the upstream's close and fail.
@@ -41,14 +50,14 @@ RETRY_ON = "connect-failure,refused-stream,reset-before-request"
 CIRCUIT_LIMIT = 1_000_000
 
 
-def cluster_name(protocol: str, backend: str) -> str:
-    return f"{protocol}-{backend}"
+def cluster_name(kind: str, backend: str) -> str:
+    return f"{kind}-{backend}"
 
 
 def backend_of(cluster: str) -> tuple[str, str] | None:
-    """(protocol, backend) of a cluster name this module made, else None."""
-    protocol, _, backend = cluster.partition("-")
-    return (protocol, backend) if protocol in (HTTP, GRPC) and backend else None
+    """(kind, backend) of a cluster name this module made, else None."""
+    kind, _, backend = cluster.partition("-")
+    return (kind, backend) if kind in CLUSTER_KINDS and backend else None
 
 
 def listener_name(protocol: str, service: str) -> str:
@@ -75,10 +84,11 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-def render_cluster(protocol: str, backend: Backend) -> Resource:
-    endpoints: tuple[Endpoint, ...] = backend.http if protocol == HTTP else backend.grpc
-    name = cluster_name(protocol, backend.name)
-    if protocol == HTTP:
+def render_cluster(kind: str, backend: Backend) -> Resource:
+    """The backend's HTTP or gRPC cluster; a PREVIEW cluster is its HTTP cluster under another name."""
+    endpoints: tuple[Endpoint, ...] = backend.grpc if kind == GRPC else backend.http
+    name = cluster_name(kind, backend.name)
+    if kind != GRPC:
         health_check: Resource = {"http_health_check": {"path": HEALTH_PATH}}
         upstream_protocol: Resource = {"http_protocol_options": {}}
     else:
@@ -138,6 +148,8 @@ def render_clusters(routes: Iterable[ServiceRoute]) -> dict[str, Resource]:
             clusters[cluster_name(HTTP, backend.name)] = render_cluster(HTTP, backend)
             if route.grpc_port is not None and backend.grpc:
                 clusters[cluster_name(GRPC, backend.name)] = render_cluster(GRPC, backend)
+            if route.preview_port is not None:
+                clusters[cluster_name(PREVIEW, backend.name)] = render_cluster(PREVIEW, backend)
     return dict(sorted(clusters.items()))
 
 
@@ -198,7 +210,7 @@ def render_preview_route_config(route: ServiceRoute) -> Resource:
     """All of the preview port's requests to the preview backend, whatever the weights; without
     one, a 503 that says so (rather than a refused connection, which looks like an outage)."""
     if route.preview_backend is not None:
-        entry = _forward({"cluster": cluster_name(HTTP, route.preview_backend)}, route)
+        entry = _forward({"cluster": cluster_name(PREVIEW, route.preview_backend)}, route)
     else:
         entry = {
             "match": {"prefix": "/"},
