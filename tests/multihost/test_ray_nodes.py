@@ -5,6 +5,7 @@ stop`) and nothing of the cluster is left in any namespace."""
 from __future__ import annotations
 
 import asyncio
+import shlex
 import stat
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 from servekeeper.hostpool import HostSpec, parse_host_pool
 from servekeeper.providers.ssh_nodes import (
     HeadPorts,
+    NodeUnreachable,
     RemoteNode,
     SshNodes,
     auth_headers,
@@ -128,6 +130,52 @@ def test_token_is_required_by_the_dashboard_and_job_api(cluster: Cluster) -> Non
         assert client.get(cluster.dashboard_url + "/api/jobs/", headers=auth_headers(cluster.token)).status_code == 200
 
 
+# A job that leaves one detached actor on each node: worker processes that a stop must take too.
+ACTORS_JOB = """
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+ray.init()
+
+@ray.remote(num_cpus=0)
+class Resident:
+    def node(self):
+        return ray.get_runtime_context().get_node_id()
+
+nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+residents = [
+    Resident.options(
+        name=f"resident-{index}",
+        lifetime="detached",
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+    ).remote()
+    for index, node in enumerate(nodes)
+]
+print("nodes with a resident:", len(set(ray.get([r.node.remote() for r in residents]))))
+"""
+
+
+def test_a_job_with_the_token_runs_actors_on_every_node(cluster: Cluster) -> None:
+    import sys
+
+    submit = {"entrypoint": shlex.join([sys.executable, "-c", ACTORS_JOB])}
+    with httpx.Client(trust_env=False, timeout=10) as client:
+        assert client.post(cluster.dashboard_url + "/api/jobs/", json=submit).status_code == 401
+        answer = client.post(cluster.dashboard_url + "/api/jobs/", json=submit, headers=auth_headers(cluster.token))
+        assert answer.status_code == 200, answer.text
+        job = answer.json()["submission_id"]
+        deadline = time.monotonic() + 90
+        status = None
+        while time.monotonic() < deadline:
+            status = client.get(f"{cluster.dashboard_url}/api/jobs/{job}", headers=auth_headers(cluster.token)).json()
+            if status["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
+                break
+            time.sleep(0.5)
+        logs = client.get(f"{cluster.dashboard_url}/api/jobs/{job}/logs", headers=auth_headers(cluster.token))
+    assert status is not None and status["status"] == "SUCCEEDED", (status, logs.text[-2000:])
+    assert "nodes with a resident: 3" in logs.json()["logs"], logs.json()["logs"][-1500:]
+
+
 def test_token_is_in_no_argv_and_stored_0600(cluster: Cluster) -> None:
     assert stat.S_IMODE(cluster.token_file.stat().st_mode) == 0o600
     assert read_cluster_token(cluster.token_file.parent, CLUSTER) == cluster.token
@@ -146,6 +194,34 @@ def test_token_is_in_no_argv_and_stored_0600(cluster: Cluster) -> None:
 
 def cluster_dir_of(node: RemoteNode) -> str:
     return str(Path(node.temp_dir).parent)
+
+
+def test_stop_on_a_cut_off_host_is_a_retryable_error(cluster: Cluster, fleet: Fleet) -> None:
+    document = fleet.host_pool_document()
+    for host in document["spec"]["hosts"]:
+        host["ssh"]["connectTimeoutSeconds"] = 1
+    nodes_api = SshNodes(list(parse_host_pool(document).spec.hosts))
+    worker = cluster.nodes[2]
+    cut_off = next(host for host in fleet.hosts if host.name == worker.host)
+    cut_off.run("ip", "link", "set", "eth0", "down")
+    try:
+        started = time.monotonic()
+        with pytest.raises(NodeUnreachable) as caught:
+            asyncio.run(_stop_then_close(nodes_api, worker))
+        assert caught.value.retryable
+        assert f"host {worker.host} ({worker.address}:22)" in str(caught.value)
+        assert f"could not stop the worker node (pid {worker.pid}" in str(caught.value)
+        assert time.monotonic() - started < 20
+    finally:
+        cut_off.run("ip", "link", "set", "eth0", "up")
+    assert psutil.pid_exists(worker.pid)  # not forgotten, not stopped: the next stop finds it
+
+
+async def _stop_then_close(nodes_api: SshNodes, node: RemoteNode) -> list[int]:
+    try:
+        return await nodes_api.stop(node)
+    finally:
+        await nodes_api.close()
 
 
 def test_stop_leaves_nothing_in_any_namespace(cluster: Cluster, fleet: Fleet) -> None:
