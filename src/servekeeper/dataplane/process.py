@@ -45,8 +45,11 @@ class EnvoyProcess:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "popen"}
 
     def alive(self) -> bool:
-        if self.popen is not None and self.popen.poll() is not None:
-            return False
+        if self.popen is not None:
+            # Our own child: its pid cannot be reused before we reap it, so poll() is exact. (The
+            # psutil checks below can fail for a moment while the `envoy` script execs the binary:
+            # the cmdline reads empty.)
+            return self.popen.poll() is None
         try:
             process = psutil.Process(self.pid)
             # A pid can be reused: the start time and the bootstrap path tell our process apart.
