@@ -89,6 +89,7 @@ def remove_stale_fleets() -> None:
         if match and not _pid_alive(int(match.group(1))):
             _kill_namespace_processes(name)
             _run("ip", "netns", "del", name, check=False)
+            shutil.rmtree(f"/tmp/{name}", ignore_errors=True)
     links = _run("ip", "-o", "link", "show", "type", "bridge", check=False).stdout
     for bridge in re.findall(r"^\d+: (skfbr(\d+))[:@]", links, flags=re.MULTILINE):
         if not _pid_alive(int(bridge[1])):
@@ -103,6 +104,11 @@ class FleetHost:
     directory: Path
     veth: str  # the root namespace's end of the host's cable to the bridge
     sshd: subprocess.Popen[bytes] | None = None
+
+    @property
+    def work_dir(self) -> str:
+        """The host's workDir in the pool: short (Ray's unix sockets are nested under it)."""
+        return f"/tmp/{self.namespace}"
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """A command inside the host's network namespace (as if run on that host)."""
@@ -144,7 +150,7 @@ class Fleet:
                         },
                         "python": python or sys.executable,
                         "resources": {"cpus": cpus, "gpus": 0, "memoryGiB": 4},
-                        "workDir": f"/tmp/skf-{host.name}",
+                        "workDir": host.work_dir,
                     }
                     for host in self.hosts
                 ]
@@ -276,8 +282,10 @@ def teardown(fleet: Fleet) -> dict[str, list[int]]:
         _kill_namespace_processes(host.namespace)
         _run("ip", "link", "del", host.veth, check=False)  # both ends, without waiting for the namespace to go
         _run("ip", "netns", "del", host.namespace, check=False)
+        shutil.rmtree(host.work_dir, ignore_errors=True)
     if fleet.bridge:
         _run("ip", "link", "del", fleet.bridge, check=False)
+    shutil.rmtree(fleet.directory, ignore_errors=True)
     return leftovers
 
 

@@ -241,9 +241,23 @@ def test_stop_leaves_nothing_in_any_namespace(cluster: Cluster, fleet: Fleet) ->
     assert before == [True, True, True]
     assert left == [[], [], []]
     assert after == [False, False, False]
+    for node in cluster.nodes:
+        assert not Path(node.temp_dir).exists() and Path(node.log_path).exists()
     deadline = time.monotonic() + 10
     while fleet.leftover_processes() and time.monotonic() < deadline:
         time.sleep(0.2)  # sshd's per-connection processes close after our connections
     assert fleet.leftover_processes() == {}
     ours = [p.pid for p in psutil.process_iter(["cmdline"]) if CLUSTER in " ".join(p.info["cmdline"] or [])]
     assert ours == []
+
+    async def forget_all() -> None:
+        forgetting = SshNodes(hosts)
+        try:
+            await asyncio.gather(*(forgetting.forget_cluster(host.name, CLUSTER) for host in hosts))
+        finally:
+            await forgetting.close()
+
+    asyncio.run(forget_all())
+    for host in hosts:
+        assert not Path(cluster_dir(host, CLUSTER)).exists()  # token file and logs gone
+        assert Path(host.workDir).is_dir()

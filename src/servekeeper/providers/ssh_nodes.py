@@ -42,10 +42,10 @@ TOKEN_FILE_NAME = "auth_token"
 TERM_GRACE_SECONDS = 3.0
 KILL_GRACE_SECONDS = 3.0
 
-# The host side. Subcommands: prepare, launch, alive, stop, ports; the request is JSON on stdin,
+# The host side. Subcommands: prepare, launch, alive, stop, forget, ports; the request is JSON on stdin,
 # the answer one JSON line on stdout. Linux /proc only: no psutil needed on the host.
 REMOTE_SCRIPT = r"""
-import json, os, signal, socket, subprocess, sys, time
+import json, os, shutil, signal, socket, subprocess, sys, time
 
 TAG = "SERVEKEEPER_NODE"
 
@@ -146,7 +146,16 @@ def main():
             signal_all(found, signal.SIGTERM)
         alive = wait_gone(sid, marker, request["term_grace"]) if found else []
         signal_all(alive, signal.SIGKILL)
-        answer = {"left": wait_gone(sid, marker, request["kill_grace"]) if alive else []}
+        left = wait_gone(sid, marker, request["kill_grace"]) if alive else []
+        if not left:
+            shutil.rmtree(marker, ignore_errors=True)  # the node's temp dir; its log stays beside it
+        answer = {"left": left}
+    elif command == "forget":
+        # A cluster's dir on the host (token, logs), once all its nodes there are stopped.
+        directory = request["dir"]
+        if os.path.dirname(directory.rstrip("/")) == request["work_dir"].rstrip("/"):
+            shutil.rmtree(directory, ignore_errors=True)
+        answer = {}
     elif command == "ports":
         taken = set(request["reserved"])
         ports = []
@@ -354,6 +363,12 @@ class SshNodes:
         connection = self.connection(host)
         await with_retries(lambda: connection.write_file(path, token.encode(), mode=0o600))
         return path
+
+    async def forget_cluster(self, host: str, cluster: str) -> None:
+        """Remove the cluster's dir on `host` (its token file and node logs); call it once every
+        node of the cluster on that host is stopped."""
+        spec = self.host(host)
+        await self._call(host, "forget", {"dir": cluster_dir(spec, cluster), "work_dir": spec.workDir})
 
     async def start_node(
         self,
