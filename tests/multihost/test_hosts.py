@@ -105,3 +105,60 @@ def test_an_invalid_pool_is_refused_with_field_paths(daemon: Servekeeper, fleet:
     assert refused.returncode == 1
     assert "spec.hosts.0.ssh.port" in refused.stderr and "spec.hosts.2.python" in refused.stderr
     assert daemon.cli("hosts", "broken", check=False).returncode == 1  # nothing stored
+
+
+def test_ports_are_probed_on_each_host(fleet: Fleet) -> None:
+    """A port busy on one host only is skipped where it must be free on all (Serve's proxy port),
+    and still handed out on the others; `reserved` ports are never handed out."""
+    import asyncio
+    import subprocess
+
+    from servekeeper.hostpool import parse_host_pool
+    from servekeeper.ports import PORT_LOW
+    from servekeeper.providers.ssh_nodes import SshNodes
+
+    busy = PORT_LOW  # the probe goes upward from here: the first it would pick
+    listener = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            fleet.hosts[1].namespace,
+            sys.executable,
+            "-c",
+            LISTEN,
+            fleet.hosts[1].address,
+            str(busy),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == b"listening"
+        nodes = SshNodes(list(parse_host_pool(fleet.host_pool_document()).spec.hosts))
+
+        async def allocate() -> tuple[list[int], list[int], list[int]]:
+            try:
+                on_host_1, _ = await nodes.allocate_ports("host-1", 2)
+                on_host_2, _ = await nodes.allocate_ports("host-2", 2, reserved=[busy + 1])
+                common = await nodes.ports_free_on_all(["host-1", "host-2", "host-3"], 2)
+                return on_host_1, on_host_2, common
+            finally:
+                await nodes.close()
+
+        on_host_1, on_host_2, common = asyncio.run(allocate())
+    finally:
+        listener.kill()
+        listener.wait()
+    assert on_host_1 == [busy, busy + 1]  # free there: another host's listener is another network
+    assert busy not in on_host_2 and busy + 1 not in on_host_2
+    assert busy not in common and len(set(common)) == 2
+
+
+LISTEN = """
+import socket, sys, time
+server = socket.socket()
+server.bind((sys.argv[1], int(sys.argv[2])))
+server.listen()
+print("listening", flush=True)
+time.sleep(60)
+"""

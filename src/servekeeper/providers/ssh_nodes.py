@@ -42,7 +42,7 @@ TOKEN_FILE_NAME = "auth_token"
 TERM_GRACE_SECONDS = 3.0
 KILL_GRACE_SECONDS = 3.0
 
-# The host side. Subcommands: prepare, launch, alive, stop, forget, ports; the request is JSON on stdin,
+# The host side. Subcommands: prepare, launch, alive, stop, forget, ports, free; the request is JSON on stdin,
 # the answer one JSON line on stdout. Linux /proc only: no psutil needed on the host.
 REMOTE_SCRIPT = r"""
 import json, os, shutil, signal, socket, subprocess, sys, time
@@ -172,6 +172,8 @@ def main():
                 block = start
                 break
         answer = {"ports": ports, "block": block}
+    elif command == "free":
+        answer = {"free": [port for port in request["candidates"] if free(port)]}
     else:
         raise SystemExit(f"unknown command {command}")
     print(json.dumps(answer))
@@ -339,6 +341,21 @@ class SshNodes:
             raise ProviderError(f"host {host}: not enough free ports in {PORT_LOW}-{PORT_HIGH}")
         start = int(answer["block"])
         return [int(port) for port in answer["ports"]], range(start, start + WORKER_PORTS_PER_NODE)
+
+    async def ports_free_on_all(self, hosts: Sequence[str], count: int, reserved: Sequence[int] = ()) -> list[int]:
+        """`count` ports free on every one of `hosts`: Serve's HTTP and gRPC proxies listen on
+        the same port on every node of a cluster (`http_options.port` is cluster-wide)."""
+        taken = set(reserved)
+        for _ in range(10):
+            candidates, _ = await self.allocate_ports(hosts[0], count * 4, sorted(taken))
+            common = candidates
+            for host in hosts[1:]:
+                answer = await self._call(host, "free", {"candidates": common})
+                common = [int(port) for port in answer["free"]]
+            if len(common) >= count:
+                return common[:count]
+            taken.update(candidates)
+        raise ProviderError(f"no {count} ports free on all of {', '.join(hosts)} in {PORT_LOW}-{PORT_HIGH}")
 
     async def node_ports(self, host: str, reserved: Sequence[int] = (), extra: int = 0) -> tuple[NodePorts, list[int]]:
         """A node's ports on `host`, and `extra` more (a head's GCS, dashboard, ...)."""
