@@ -33,6 +33,7 @@ from servekeeper.kuberay.translate import ImportResult, import_documents, is_kub
 from servekeeper.machine import machine_capacity
 from servekeeper.metrics import CONTENT_TYPE, Metrics, record_applied
 from servekeeper.package import PackageError, package_for_spec, prune_packages
+from servekeeper.pool_clusters import pool_problems
 from servekeeper.secrets import read_secrets
 from servekeeper.spec import ServiceSpec, SpecError, parse_spec
 from servekeeper.store import Store
@@ -132,7 +133,10 @@ def build_app(
         try:
             spec, imported = translate(body)
             # Refused here, before anything starts: a cluster that cannot be placed never comes up.
-            capacity_problems = insufficient_capacity(spec, machine_capacity())
+            if spec.spec.rayClusterConfig.hostPool is not None:
+                capacity_problems = pool_problems(store, spec.spec.rayClusterConfig)
+            else:
+                capacity_problems = insufficient_capacity(spec, machine_capacity())
             if capacity_problems:
                 raise SpecError([kuberay_path(p) if imported else p for p in capacity_problems])
         except SpecError as exc:

@@ -45,13 +45,37 @@ class Shortfall(Exception):
     """The pool cannot hold the cluster now (or has no such pool): the rollout waits."""
 
 
+def pool_problems(store: Store, config: RayClusterConfigSpec) -> list[str]:
+    """What makes a spec on a host pool impossible (not merely waiting for room), by field."""
+    assert config.hostPool is not None
+    record = store.get_host_pool(config.hostPool)
+    if record is None:
+        return [f"spec.rayClusterConfig.hostPool: host pool {config.hostPool!r} does not exist; apply it first"]
+    hosts = record.spec().spec.hosts
+    names = {host.name for host in hosts}
+    problems = []
+    groups = [("spec.rayClusterConfig.head", config.head)]
+    groups += [(f"spec.rayClusterConfig.workerGroups.{i}", g) for i, g in enumerate(config.workerGroups)]
+    for path, group in groups:
+        if group.host is not None and group.host not in names:
+            problems.append(f"{path}.host: {group.host!r} is not a host of pool {config.hostPool!r} ({sorted(names)})")
+    if problems:
+        return problems
+    rooms = [HostRoom(h.name, h.resources.cpus, h.resources.gpus, int(h.resources.memoryGiB * 2**30)) for h in hosts]
+    chosen = place(node_needs(config), free_room(rooms, []))
+    if isinstance(chosen, str):
+        return [f"spec.rayClusterConfig: InsufficientCapacity: even the empty pool cannot hold it: {chosen}"]
+    return []
+
+
 class PoolClusters:
     def __init__(self, store: Store, state_dir: Path) -> None:
         self.store = store
         self.token_dir = state_dir / "tokens"
         self._nodes: dict[str, tuple[str, SshNodes]] = {}  # pool -> (its spec json, its connections)
         self._tokens: dict[str, str] = {}
-        self._liveness: dict[str, tuple[float, tuple[bool, list[int], str | None]]] = {}
+        # cluster -> (its node pids when read, when, the answer): a node started since is read anew
+        self._liveness: dict[str, tuple[tuple[int | None, ...], float, tuple[bool, list[int], str | None]]] = {}
 
     # -- the pool ----------------------------------------------------------------------------------
 
@@ -175,8 +199,9 @@ class PoolClusters:
         every LIVENESS_CACHE_SECONDS. A host that does not answer counts as a dead node."""
         cached = self._liveness.get(cluster.name)
         now = time.monotonic()
-        if cached is not None and now - cached[0] < LIVENESS_CACHE_SECONDS:
-            return cached[1]
+        pids = tuple(node.pid for node in cluster.nodes)
+        if cached is not None and cached[0] == pids and now - cached[1] < LIVENESS_CACHE_SECONDS:
+            return cached[2]
         assert cluster.pool is not None
         ssh = self.ssh(cluster.pool)
         started = [node for node in cluster.nodes if node.pid is not None]
@@ -198,7 +223,7 @@ class PoolClusters:
             dead = [(node, why) for node, (ok, why) in zip(started[1:], answers[1:], strict=True) if not ok]
             reason = f"worker node pid {dead[0][0].pid} {dead[0][1]}" if dead else None
             result = (True, [node.pid for node, _ in dead if node.pid is not None], reason)
-        self._liveness[cluster.name] = (now, result)
+        self._liveness[cluster.name] = (pids, now, result)
         return result
 
     async def stop(self, cluster: ClusterRecord) -> list[str]:

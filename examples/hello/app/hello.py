@@ -13,6 +13,7 @@ import asyncio
 import random
 import time
 
+import ray
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
@@ -31,6 +32,8 @@ class Hello:
         self.delay_s = delay_s
 
     async def __call__(self, request: Request) -> str | PlainTextResponse:
+        if request.url.path.rstrip("/").endswith("/node"):  # which node answered (multi-host tests)
+            return ray.util.get_node_ip_address()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.error_rate and random.random() < self.error_rate:
@@ -43,6 +46,8 @@ class Hello:
 
 def app(args: dict) -> serve.Application:
     options = {"num_replicas": int(args.get("replicas", 1)), "ray_actor_options": {"num_cpus": 0}}
+    if "max_replicas_per_node" in args:
+        options["max_replicas_per_node"] = int(args["max_replicas_per_node"])
     return Hello.options(**options).bind(
         str(args.get("msg", "v1")),
         float(args.get("ready_delay_s", 0)),

@@ -1,0 +1,145 @@
+"""A service on a host pool through a real daemon: the head on host 1, a worker on each of hosts
+2 and 3 (started over SSH, token auth), a replica per node behind Envoy; then a cluster-shape
+upgrade under mixed load across the fleet. One daemon and one service for the module."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from servekeeper.testing import HELLO_APP, Load, Servekeeper, free_port, wait_until
+from tests.fleet import Fleet
+
+pytestmark = [pytest.mark.multihost, pytest.mark.ray, pytest.mark.timeout(600)]
+
+NAME = "spread"
+
+
+class Shared:
+    def __init__(self, sk: Servekeeper, fleet: Fleet, port: int) -> None:
+        self.sk = sk
+        self.fleet = fleet
+        self.port = port
+
+    def spec(self, head_cpus: float = 1) -> dict[str, Any]:
+        return {
+            "apiVersion": "servekeeper/v1alpha1",
+            "kind": "RayService",
+            "metadata": {"name": NAME},
+            "spec": {
+                "ingress": {"port": self.port},
+                "rayClusterConfig": {
+                    "hostPool": "fleet",
+                    "workingDir": str(HELLO_APP),
+                    "head": {"numCpus": head_cpus, "host": self.fleet.hosts[0].name},
+                    "workerGroups": [{"name": "cpu", "replicas": 2, "numCpus": 1}],
+                },
+                "serveConfig": {
+                    "applications": [
+                        {
+                            "name": "hello",
+                            "route_prefix": "/",
+                            "import_path": "hello:app",
+                            "args": {"msg": f"v-{head_cpus:g}", "replicas": 3, "max_replicas_per_node": 1},
+                        }
+                    ]
+                },
+                "rayClusterDeletionDelaySeconds": 30,
+                "readinessTimeoutSeconds": 300,
+            },
+        }
+
+    def apply(self, document: dict[str, Any], label: str) -> None:
+        path = self.sk.workdir / f"{label}.yaml"
+        path.write_text(yaml.safe_dump(document))
+        self.sk.cli("apply", "-f", str(path))
+
+    def active(self) -> dict[str, Any]:
+        return dict(self.sk.api_get(NAME)["activeCluster"])
+
+    def token(self, cluster: str) -> str:
+        return (self.sk.state_dir / "tokens" / f"{cluster}.token").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def shared(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    sk = Servekeeper(Path(tempfile.mkdtemp(prefix="skstate-")), tmp_path_factory.mktemp("spread"))
+    sk.up()
+    context = Shared(sk, fleet, free_port())
+    try:
+        context.apply(fleet.host_pool_document("fleet", cpus=4), "pool")
+        context.apply(context.spec(), "v1")
+        assert sk.wait(NAME, timeout=300) == 0, (sk.api_get(NAME).get("failureReason"), sk.cli("events", NAME).stdout)
+        yield context
+    finally:
+        leftovers = sk.down_and_check_nothing_left()
+        assert not leftovers, f"processes left behind: {leftovers}"
+        assert not fleet.leftover_processes(), f"left on the hosts: {fleet.leftover_processes()}"
+
+
+def alive_node_addresses(shared: Shared, cluster: dict[str, Any]) -> list[str]:
+    answer = httpx.get(
+        f"{cluster['dashboardUrl']}/nodes?view=summary",
+        headers={"Authorization": f"Bearer {shared.token(cluster['name'])}"},
+        timeout=5,
+    ).json()
+    return sorted(
+        n["raylet"]["nodeManagerAddress"] for n in answer["data"]["summary"] if n["raylet"]["state"] == "ALIVE"
+    )
+
+
+def test_three_nodes_on_three_hosts_each_answering_through_the_ingress(shared: Shared) -> None:
+    active = shared.active()
+    addresses = alive_node_addresses(shared, active)
+    assert addresses == sorted(host.address for host in shared.fleet.hosts), addresses
+    without_token = httpx.get(f"{active['dashboardUrl']}/api/serve/applications/", timeout=5)
+    assert without_token.status_code in (401, 403), "token authentication is on"
+    answered = {httpx.get(f"http://127.0.0.1:{shared.port}/node", timeout=10).text for _ in range(60)}
+    assert answered == set(addresses), f"replicas answered from {answered}"
+
+
+def test_cluster_shape_upgrade_across_the_fleet_drops_nothing(shared: Shared) -> None:
+    old = shared.active()
+    old_dirs = node_dirs(shared, old["name"])
+    assert len(old_dirs) == 3 and tagged_pids(old_dirs), "the old cluster's nodes run, tagged"
+    with Load(f"http://127.0.0.1:{shared.port}/", clients=16) as load:
+        shared.apply(shared.spec(head_cpus=2), "v2")
+        assert shared.sk.wait(NAME, timeout=400) == 0, (
+            shared.sk.api_get(NAME).get("failureReason"),
+            shared.sk.cli("events", NAME).stdout[-3000:],
+        )
+        time.sleep(2)
+        result = load.stop()
+    assert result.failed == 0, result.failures
+    assert result.bodies["v-2"] > 0 and result.by_method["POST"] > 0
+    assert shared.active()["name"] != old["name"]
+    wait_until(lambda: old["name"] not in {c["name"] for c in shared.sk.clusters()}, 120, "the old cluster gone")
+    assert not tagged_pids(old_dirs), "no process of the old cluster is left on any host"
+
+
+def node_dirs(shared: Shared, cluster: str) -> list[str]:
+    row = next(c for c in shared.sk.clusters() if c["name"] == cluster)
+    return [node["temp_dir"] for node in json.loads(row["nodes_json"])]
+
+
+def tagged_pids(temp_dirs: list[str]) -> list[int]:
+    """Processes (in any host's namespace: one pid namespace) started for these nodes."""
+    tags = {f"SERVEKEEPER_NODE={d}".encode() for d in temp_dirs}
+    found = []
+    for process in psutil.process_iter():
+        try:
+            with open(f"/proc/{process.pid}/environ", "rb") as environ:
+                if tags & set(environ.read().split(b"\0")):
+                    found.append(process.pid)
+        except OSError:
+            continue
+    return found
