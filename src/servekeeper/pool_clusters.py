@@ -121,7 +121,10 @@ class PoolClusters:
             raise Shortfall(f"host pool {config.hostPool!r}: {chosen}")
         ssh = self.ssh(config.hostPool)
         try:
-            head_ports, singles = await ssh.node_ports(chosen[0], sorted(reserved), extra=5)
+            # Serve's proxies listen on one port on every node: free on all of the cluster's hosts.
+            serve_http, serve_grpc = await ssh.ports_free_on_all(sorted(set(chosen)), 2, sorted(reserved))
+            reserved.update((serve_http, serve_grpc))
+            head_ports, singles = await ssh.node_ports(chosen[0], sorted(reserved), extra=3)
             reserved.update(head_ports.all_ports() + singles)
             node_ports = [head_ports]
             for host in chosen[1:]:
@@ -130,7 +133,7 @@ class PoolClusters:
                 node_ports.append(ports)
         except SshError as exc:
             raise ProviderError(f"allocating ports: {exc}") from exc
-        gcs, dashboard, client_server, serve_http, serve_grpc = singles
+        gcs, dashboard, client_server = singles
         nodes = tuple(
             NodePlacement(
                 host=host,
@@ -245,6 +248,11 @@ class PoolClusters:
 
         leftovers = [item for items in await asyncio.gather(*(stop(n) for n in cluster.nodes)) for item in items]
         if not leftovers:
+            for host in sorted({node.host for node in cluster.nodes}):
+                try:  # its token file and logs on the host; nothing runs there any more
+                    await ssh.forget_cluster(host, cluster.name)
+                except (SshError, ProviderError) as exc:
+                    logger.warning("[%s] could not remove its dir on %s: %s", cluster.name, host, exc)
             self._liveness.pop(cluster.name, None)
             self._tokens.pop(cluster.name, None)
             (self.token_dir / f"{cluster.name}.token").unlink(missing_ok=True)
