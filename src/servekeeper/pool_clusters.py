@@ -39,6 +39,10 @@ from servekeeper.store import Store
 logger = logging.getLogger(__name__)
 
 LIVENESS_CACHE_SECONDS = 2.0  # an SSH round trip per node per look is too much at 4 looks a second
+# A look at a node never holds a tick longer than this: a host cut off the network does not
+# refuse, it stays silent, and SSH would wait for its own timeouts and retries.
+LIVENESS_TIMEOUT_SECONDS = 4.0
+REACH_TIMEOUT_SECONDS = 5.0
 
 
 class Shortfall(Exception):
@@ -116,10 +120,13 @@ class PoolClusters:
             if other.pool == config.hostPool and other.nodes:
                 needs = node_needs(RayClusterConfigSpec.model_validate_json(other.cluster_spec_json))
                 placed += [(node.host, need) for node, need in zip(other.nodes, needs, strict=False)]
+        ssh = self.ssh(config.hostPool)
+        unreachable = await self._unreachable(ssh, [room.name for room in rooms])
+        rooms = [room for room in rooms if room.name not in unreachable]  # a lost host gets no new node
         chosen = place(node_needs(config), free_room(rooms, placed))
         if isinstance(chosen, str):
-            raise Shortfall(f"host pool {config.hostPool!r}: {chosen}")
-        ssh = self.ssh(config.hostPool)
+            lost = f" (unreachable: {sorted(unreachable)})" if unreachable else ""
+            raise Shortfall(f"host pool {config.hostPool!r}: {chosen}{lost}")
         try:
             # Serve's proxies listen on one port on every node: free on all of the cluster's hosts.
             serve_http, serve_grpc = await ssh.ports_free_on_all(sorted(set(chosen)), 2, sorted(reserved))
@@ -147,6 +154,18 @@ class PoolClusters:
         cluster_ports = ClusterPorts(gcs, dashboard, client_server, serve_http, serve_grpc, tuple(node_ports))
         save_cluster_token(self.token_dir, draft.name, new_cluster_token())
         return draft.with_changes(pool=config.hostPool, nodes=nodes, ports=cluster_ports)
+
+    async def _unreachable(self, ssh: SshNodes, hosts: list[str]) -> set[str]:
+        async def answers(name: str) -> bool:
+            try:
+                run = ssh.connection(name).run([ssh.host(name).python, "-c", "0"], timeout=REACH_TIMEOUT_SECONDS)
+                await asyncio.wait_for(run, REACH_TIMEOUT_SECONDS + 1)
+                return True
+            except (SshError, asyncio.TimeoutError):
+                return False
+
+        results = await asyncio.gather(*(answers(name) for name in hosts))
+        return {name for name, ok in zip(hosts, results, strict=True) if not ok}
 
     # -- starting, watching, stopping --------------------------------------------------------------
 
@@ -211,7 +230,10 @@ class PoolClusters:
 
         async def alive(node: NodePlacement) -> tuple[bool, str]:
             try:
-                return await ssh.alive(_remote(node)), f"exited on host {node.host}"
+                running = await asyncio.wait_for(ssh.alive(_remote(node)), LIVENESS_TIMEOUT_SECONDS)
+                return running, f"exited on host {node.host}"
+            except asyncio.TimeoutError:
+                return False, f"host {node.host} did not answer within {LIVENESS_TIMEOUT_SECONDS:g}s"
             except (NodeUnreachable, SshError) as exc:
                 return False, f"host {node.host} unreachable: {exc}"
 

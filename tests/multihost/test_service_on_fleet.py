@@ -5,6 +5,7 @@ upgrade under mixed load across the fleet. One daemon and one service for the mo
 from __future__ import annotations
 
 import json
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,7 +31,10 @@ class Shared:
         self.fleet = fleet
         self.port = port
 
-    def spec(self, head_cpus: float = 1) -> dict[str, Any]:
+    def spec(self, head_cpus: float = 1, pinned: bool = True, unhealthy_s: float = 300) -> dict[str, Any]:
+        head: dict[str, Any] = {"numCpus": head_cpus}
+        if pinned:
+            head["host"] = self.fleet.hosts[0].name
         return {
             "apiVersion": "servekeeper/v1alpha1",
             "kind": "RayService",
@@ -40,7 +44,7 @@ class Shared:
                 "rayClusterConfig": {
                     "hostPool": "fleet",
                     "workingDir": str(HELLO_APP),
-                    "head": {"numCpus": head_cpus, "host": self.fleet.hosts[0].name},
+                    "head": head,
                     "workerGroups": [{"name": "cpu", "replicas": 2, "numCpus": 1}],
                 },
                 "serveConfig": {
@@ -55,6 +59,7 @@ class Shared:
                 },
                 "rayClusterDeletionDelaySeconds": 30,
                 "readinessTimeoutSeconds": 300,
+                "serviceUnhealthySecondThreshold": unhealthy_s,
             },
         }
 
@@ -112,7 +117,8 @@ def test_cluster_shape_upgrade_across_the_fleet_drops_nothing(shared: Shared) ->
     old_dirs = node_dirs(shared, old["name"])
     assert len(old_dirs) == 3 and tagged_pids(old_dirs), "the old cluster's nodes run, tagged"
     with Load(f"http://127.0.0.1:{shared.port}/", clients=16) as load:
-        shared.apply(shared.spec(head_cpus=2), "v2")
+        # The head is not pinned any more: a lost head host can be replaced elsewhere (next test).
+        shared.apply(shared.spec(head_cpus=2, pinned=False, unhealthy_s=5), "v2")
         assert shared.sk.wait(NAME, timeout=400) == 0, (
             shared.sk.api_get(NAME).get("failureReason"),
             shared.sk.cli("events", NAME).stdout[-3000:],
@@ -143,3 +149,36 @@ def tagged_pids(temp_dirs: list[str]) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_a_lost_head_host_is_replaced_on_the_other_hosts(shared: Shared) -> None:
+    old = shared.active()
+    row = next(c for c in shared.sk.clusters() if c["name"] == old["name"])
+    head_host = json.loads(row["nodes_json"])[0]["host"]
+    lost = next(host for host in shared.fleet.hosts if host.name == head_host)
+    with Load(f"http://127.0.0.1:{shared.port}/", clients=8, timeout=10) as load:
+        time.sleep(2)
+        cut_at = time.time()
+        subprocess.run(["ip", "link", "set", lost.veth, "down"], check=True)  # the host falls off the network
+        try:
+            wait_until(lambda: shared.active()["name"] != old["name"], 240, "a replacement cluster")
+            replaced_at = time.time()
+            assert shared.sk.wait(NAME, timeout=60) == 0
+            time.sleep(3)
+            result = load.stop()
+        finally:
+            subprocess.run(["ip", "link", "set", lost.veth, "up"], check=True)
+    new = next(c for c in shared.sk.clusters() if c["name"] == shared.active()["name"])
+    hosts = {node["host"] for node in json.loads(new["nodes_json"])}
+    assert head_host not in hosts, f"the replacement was placed on the lost host: {hosts}"
+    oks = [when for when, label in result.timeline if not label.startswith(("HTTP", "timeout", "reset", "connect"))]
+    longest_gap = max((b - a for a, b in zip(oks, oks[1:], strict=False)), default=0.0)
+    print(
+        f"head host lost: replaced after {replaced_at - cut_at:.1f}s; {result.failed} of "
+        f"{result.failed + result.ok} requests failed ({dict(result.failures)}); longest time without an "
+        f"answer {longest_gap:.1f}s"
+    )
+    assert [when for when in oks if when > replaced_at + 1], "the replacement answers"
+    assert "ActiveUnhealthy" in shared.sk.cli("events", NAME).stdout or "ClusterUnhealthy" in shared.sk.events(NAME)
+    # Back on the network: the old cluster's stop (retried while the host was silent) completes.
+    wait_until(lambda: old["name"] not in {c["name"] for c in shared.sk.clusters()}, 120, "the lost cluster stopped")
