@@ -14,8 +14,9 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
+from servekeeper.core.placement import node_needs
 from servekeeper.hostpool import HostPoolRecord, HostSpec, parse_host_pool
-from servekeeper.spec import SpecError
+from servekeeper.spec import RayClusterConfigSpec, SpecError
 from servekeeper.ssh import (
     AuthenticationRefused,
     HostKeyRefused,
@@ -32,7 +33,31 @@ class HostPoolRequest(BaseModel):
     spec: dict[str, Any]
 
 
-def host_view(host: HostSpec) -> dict[str, Any]:
+Usage = dict[str, list[dict[str, Any]]]  # host name -> the nodes of clusters placed there
+
+
+def usage(store: Store, pool: str) -> Usage:
+    """What each cluster's nodes take of each host of `pool` (pending and draining ones too)."""
+    used: Usage = {}
+    for cluster in store.list_clusters():
+        if cluster.pool != pool or not cluster.nodes:
+            continue
+        needs = node_needs(RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json))
+        for node, need in zip(cluster.nodes, needs, strict=False):
+            used.setdefault(node.host, []).append(
+                {
+                    "cluster": cluster.name,
+                    "service": cluster.service,
+                    "role": node.role,
+                    "cpus": need.cpus,
+                    "gpus": need.gpus,
+                    "memoryBytes": need.memory_bytes,
+                }
+            )
+    return used
+
+
+def host_view(host: HostSpec, used: Usage | None = None) -> dict[str, Any]:
     return {
         "name": host.name,
         "address": host.address,
@@ -40,24 +65,25 @@ def host_view(host: HostSpec) -> dict[str, Any]:
         "sshPort": host.ssh.port,
         "python": host.python,
         "resources": host.resources.model_dump(mode="json"),
+        "used": (used or {}).get(host.name, []),
     }
 
 
-def pool_view(record: HostPoolRecord) -> dict[str, Any]:
+def pool_view(record: HostPoolRecord, used: Usage | None = None) -> dict[str, Any]:
     return {
         "name": record.name,
         "createdAt": record.created_at,
         "updatedAt": record.updated_at,
-        "hosts": [host_view(host) for host in record.spec().spec.hosts],
+        "hosts": [host_view(host, used) for host in record.spec().spec.hosts],
     }
 
 
-async def check_one(host: HostSpec, controller: Versions) -> dict[str, Any]:
+async def check_one(host: HostSpec, controller: Versions, used: Usage | None = None) -> dict[str, Any]:
     """Connect to `host` and compare its Python and Ray with the controller's.
 
     state: ok | mismatch (versions differ) | refused (host key or login refused) |
     unreachable (no answer; may pass later) | error (the version command failed)."""
-    result = {**host_view(host), "python": None, "ray": None, "pythonPath": host.python}
+    result = {**host_view(host, used), "python": None, "ray": None, "pythonPath": host.python}
     try:
         versions = await check_host(host)
     except SshError as exc:
@@ -99,11 +125,11 @@ def add_host_routes(app: FastAPI, store: Store) -> None:
 
     @app.get("/api/v1/hostpools")
     async def list_host_pools() -> list[dict[str, Any]]:
-        return [pool_view(record) for record in store.list_host_pools()]
+        return [pool_view(record, usage(store, record.name)) for record in store.list_host_pools()]
 
     @app.get("/api/v1/hostpools/{name}")
     async def get_host_pool(name: str) -> dict[str, Any]:
-        return pool_view(record_of(name))
+        return pool_view(record_of(name), usage(store, name))
 
     @app.delete("/api/v1/hostpools/{name}")
     async def delete_host_pool(name: str) -> dict[str, Any]:
@@ -115,7 +141,8 @@ def add_host_routes(app: FastAPI, store: Store) -> None:
     async def check_host_pool(name: str) -> dict[str, Any]:
         hosts = record_of(name).spec().spec.hosts
         controller = controller_versions()
-        results = await asyncio.gather(*(check_one(host, controller) for host in hosts))
+        used = usage(store, name)
+        results = await asyncio.gather(*(check_one(host, controller, used) for host in hosts))
         return {
             "name": name,
             "controller": {"python": controller.python, "ray": controller.ray},

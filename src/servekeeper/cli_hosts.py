@@ -57,17 +57,20 @@ def list_hosts(
     pool: Annotated[str | None, typer.Argument(help="One pool (default: every pool).")] = None,
     state_dir: StateDir = None,
 ) -> None:
-    """Every host with its reachability (the daemon connects to each), Ray version and capacity."""
+    """Every host with its reachability (the daemon connects to each), Ray version, and its
+    capacity as used/total by the clusters placed on it (pending and draining ones included)."""
     with _shown(), Client(state_dir) as client:
         pools = client.host_pools(pool)
         checks = {view["name"]: client.check_hosts(view["name"]) for view in pools}
     table = Table(box=None)
     for column in ("POOL", "HOST", "ADDRESS", "STATE", "RAY", "PYTHON", "CPUS", "GPUS", "MEMORY"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=True)  # never cut short: which clusters, below
+    placed: list[str] = []
     for view in pools:
         for host in checks[view["name"]]["hosts"]:
             ray, python = _versions(host)
-            resources = host["resources"]
+            resources, used = host["resources"], host["used"]
+            used_memory_gib = sum(node["memoryBytes"] for node in used) / 2**30
             table.add_row(
                 view["name"],
                 host["name"],
@@ -75,14 +78,19 @@ def list_hosts(
                 host["state"],
                 ray,
                 python,
-                f"{resources['cpus']:g}",
-                f"{resources['gpus']:g}",
-                f"{resources['memoryGiB']:g}Gi",
+                f"{sum(node['cpus'] for node in used):g}/{resources['cpus']:g}",
+                f"{sum(node['gpus'] for node in used):g}/{resources['gpus']:g}",
+                f"{used_memory_gib:.3g}/{resources['memoryGiB']:g}Gi",
             )
+            if used:
+                nodes = ", ".join(f"{node['cluster']} {node['role']} ({node['cpus']:g} cpu)" for node in used)
+                placed.append(f"{view['name']}/{host['name']}: {nodes}")
     if not pools:
         console.print("no host pools; store one with: servekeeper apply -f fleet.yaml (kind: HostPool)")
         return
     console.print(table)
+    for line in placed:
+        console.print(line, markup=False)
 
 
 @hosts_app.command()

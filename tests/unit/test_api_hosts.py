@@ -18,21 +18,27 @@ from fastapi.testclient import TestClient
 
 from servekeeper.api import build_app
 from servekeeper.client import AsyncClient, Client, ServiceNotFound, SpecInvalid
+from servekeeper.spec import RayClusterConfigSpec
+from servekeeper.status import ClusterPorts, ClusterRecord, ClusterRole, NodePlacement, NodePorts
 from servekeeper.store import Store
 from tests.unit.test_client import TOKEN, URL, FakeController, through
 from tests.unit.test_hostpool import VALID
 
 
 @pytest.fixture
-def app_client(tmp_path: Path) -> Iterator[TestClient]:
-    store = Store(tmp_path / "store.db")
+def store(tmp_path: Path) -> Iterator[Store]:
+    opened = Store(tmp_path / "store.db")
+    yield opened
+    opened.close()
 
+
+@pytest.fixture
+def app_client(store: Store) -> Iterator[TestClient]:
     async def shutdown(stop_clusters: bool) -> None:
         return None
 
     with TestClient(build_app(FakeController(), store, TOKEN, shutdown)) as test_client:  # type: ignore[arg-type]
         yield test_client
-    store.close()
 
 
 @pytest.fixture
@@ -123,3 +129,36 @@ async def test_the_async_client(app_client: TestClient, tmp_path: Path) -> None:
         await async_client.delete_host_pool("pool-a")
         assert await async_client.host_pools() == []
     assert isinstance(through(app_client), httpx.MockTransport)
+
+
+def test_capacity_used_by_each_cluster_is_shown_per_host(client: Client, store: Store, tmp_path: Path) -> None:
+    client.apply(local_pool(tmp_path))
+    config = RayClusterConfigSpec.model_validate(
+        {"hostPool": "fleet", "head": {"numCpus": 2}, "workerGroups": [{"name": "w", "replicas": 1, "numGpus": 1}]}
+    )
+    ports = NodePorts(1, 2, 3, 4, 5, 6, 100, 147)
+    nodes = (
+        NodePlacement("gpu-a", "127.0.0.1", "head", ports, "/tmp/x/n0", pid=10, session_id=10),
+        NodePlacement("gpu-b", "127.0.0.2", "worker", ports, "/tmp/x/n1"),
+    )
+    record = ClusterRecord(
+        name="svc-g1-abc",
+        service="svc",
+        generation=1,
+        cluster_spec_hash="h",
+        cluster_spec_json=config.model_dump_json(),
+        role=ClusterRole.ACTIVE,
+        ports=ClusterPorts(7, 8, 9, 11, 12, (ports, ports)),
+        temp_dir="/tmp/x",
+        log_dir="/tmp/x/logs",
+        created_at=1.0,
+        pool="fleet",
+        nodes=nodes,
+    )
+    store.put_cluster(record)
+    store.put_cluster(record.with_changes(name="elsewhere", pool="other-pool"))
+    hosts = {host["name"]: host for host in client.host_pools("fleet")[0]["hosts"]}
+    assert [(n["cluster"], n["role"], n["cpus"]) for n in hosts["gpu-a"]["used"]] == [("svc-g1-abc", "head", 2)]
+    assert [(n["role"], n["gpus"]) for n in hosts["gpu-b"]["used"]] == [("worker", 1)]
+    checked = {host["name"]: host for host in client.check_hosts("fleet")["hosts"]}
+    assert checked["gpu-a"]["used"] == hosts["gpu-a"]["used"]
