@@ -249,12 +249,17 @@ class LocalProvider:
 
     def processes_alive(self, cluster: ClusterRecord) -> bool:
         self._reap()
-        return cluster.head_pid is not None and _is_our_node(cluster.head_pid, cluster.temp_dir)
+        return cluster.head_pid is not None and self._running(cluster.head_pid, cluster.temp_dir)
 
     def dead_workers(self, cluster: ClusterRecord) -> list[int]:
         """Worker raylets that were started and are gone."""
         self._reap()
-        return [pid for pid in cluster.worker_pids if not _is_our_node(pid, cluster.temp_dir)]
+        return [pid for pid in cluster.worker_pids if not self._running(pid, cluster.temp_dir)]
+
+    def _running(self, pid: int, temp_dir: str) -> bool:
+        # A child of ours not reaped yet is alive for sure (its pid cannot be reused before we
+        # reap it); /proc is read only for nodes adopted after a restart.
+        return pid in self._children or _is_our_node(pid, temp_dir)
 
     def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str:
         """The last error `ray start` logged, for a node that exited: the cause users need."""
