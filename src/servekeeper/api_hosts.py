@@ -106,6 +106,16 @@ async def check_one(host: HostSpec, controller: Versions, used: Usage | None = N
     }
 
 
+def _hosts_in_use(store: Store, pool: str) -> dict[str, set[str]]:
+    """Host name -> the clusters with a node on it (any role, until the cluster is removed)."""
+    in_use: dict[str, set[str]] = {}
+    for cluster in store.list_clusters():
+        if cluster.pool == pool:
+            for node in cluster.nodes:
+                in_use.setdefault(node.host, set()).add(cluster.name)
+    return in_use
+
+
 def add_host_routes(app: FastAPI, store: Store) -> None:
     def record_of(name: str) -> HostPoolRecord:
         record = store.get_host_pool(name)
@@ -119,6 +129,20 @@ def add_host_routes(app: FastAPI, store: Store) -> None:
             pool = parse_host_pool(body.spec)
         except SpecError as exc:
             raise HTTPException(status_code=422, detail={"problems": exc.problems}) from exc
+        in_use = _hosts_in_use(store, pool.name)
+        previous = store.get_host_pool(pool.name)
+        if previous is not None and in_use:
+            # A node is stopped through its host's entry: a host in use keeps it, unchanged.
+            before = {host.name: host for host in previous.spec().spec.hosts}
+            after = {host.name: host for host in pool.spec.hosts}
+            changed_hosts = sorted(h for h in in_use if before.get(h) is not None and after.get(h) != before.get(h))
+            if changed_hosts:
+                clusters = sorted({c for h in changed_hosts for c in in_use[h]})
+                raise HTTPException(
+                    status_code=409,
+                    detail=f"hosts {changed_hosts} of pool {pool.name!r} run nodes of clusters {clusters}: "
+                    "they cannot be removed or changed until those clusters are gone",
+                )
         record, changed = store.apply_host_pool(pool.name, pool.to_json(), time.time())
         # Shaped like a service's apply answer; a pool has no generations.
         return {"name": record.name, "generation": 0, "changed": changed, "kind": "HostPool"}
@@ -134,6 +158,12 @@ def add_host_routes(app: FastAPI, store: Store) -> None:
     @app.delete("/api/v1/hostpools/{name}")
     async def delete_host_pool(name: str) -> dict[str, Any]:
         record_of(name)
+        in_use = _hosts_in_use(store, name)
+        if in_use:
+            clusters = sorted({c for names in in_use.values() for c in names})
+            raise HTTPException(
+                status_code=409, detail=f"host pool {name!r} runs clusters {clusters}; delete them first"
+            )
         store.delete_host_pool(name)
         return {"name": name, "deleted": True}
 

@@ -161,6 +161,8 @@ class Controller:
         observation = await self.observe(service, clusters, spec)
         self.observations[name] = observation
         decision = plan(spec, service, clusters, observation, self.clock(), self.gate)
+        if not any(isinstance(action, act.CreateCluster) for action in decision.actions):
+            self._shortfalls.pop(name, None)  # nothing waits for room now: no stale InsufficientCapacity
         failed = decision.service.failed_generation != service.failed_generation
         if failed:
             # A rollout failure is a decision, not a reading: stored before the actions that
@@ -440,17 +442,20 @@ class Controller:
             created_at=self.clock(),
         )
         if config.hostPool is not None:
-            try:
-                cluster = await self.pools.new_record(cluster, config)
-            except (Shortfall, ProviderError) as exc:
-                # The rollout waits (level-triggered: the next tick tries again) and says why.
-                if self._shortfalls.get(service.name) != str(exc):
-                    event = Event(service.name, self.clock(), "Warning", "InsufficientCapacity", str(exc))
-                    self.store.add_events([event])
-                self._shortfalls[service.name] = str(exc)
-                return
-            self._shortfalls.pop(service.name, None)
-        self.store.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown
+            async with self.pools.creating:  # the pool's room and ports, as seen, until stored
+                try:
+                    cluster = await self.pools.new_record(cluster, config)
+                except (Shortfall, ProviderError) as exc:
+                    # The rollout waits (level-triggered: the next tick tries again) and says why.
+                    if self._shortfalls.get(service.name) != str(exc):
+                        event = Event(service.name, self.clock(), "Warning", "InsufficientCapacity", str(exc))
+                        self.store.add_events([event])
+                    self._shortfalls[service.name] = str(exc)
+                    return
+                self._shortfalls.pop(service.name, None)
+                self.store.put_cluster(cluster)  # intent first
+        else:
+            self.store.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown
         self.hooks.reached("cluster-intent-written", cluster)
         self._start_cluster(cluster)
 

@@ -43,6 +43,7 @@ LIVENESS_CACHE_SECONDS = 2.0  # an SSH round trip per node per look is too much 
 # refuse, it stays silent, and SSH would wait for its own timeouts and retries.
 LIVENESS_TIMEOUT_SECONDS = 4.0
 REACH_TIMEOUT_SECONDS = 5.0
+ALLOCATE_TIMEOUT_SECONDS = 20.0  # ports probed on each host: a host falling silent must not hold the tick
 
 
 class Shortfall(Exception):
@@ -80,6 +81,9 @@ class PoolClusters:
         self._tokens: dict[str, str] = {}
         # cluster -> (its node pids when read, when, the answer): a node started since is read anew
         self._liveness: dict[str, tuple[tuple[int | None, ...], float, tuple[bool, list[int], str | None]]] = {}
+        # Held from a placement's snapshot of the pool until its record is stored: two clusters
+        # created at once must not take the same room and the same ports.
+        self.creating = asyncio.Lock()
 
     # -- the pool ----------------------------------------------------------------------------------
 
@@ -121,12 +125,28 @@ class PoolClusters:
                 needs = node_needs(RayClusterConfigSpec.model_validate_json(other.cluster_spec_json))
                 placed += [(node.host, need) for node, need in zip(other.nodes, needs, strict=False)]
         ssh = self.ssh(config.hostPool)
-        unreachable = await self._unreachable(ssh, [room.name for room in rooms])
-        rooms = [room for room in rooms if room.name not in unreachable]  # a lost host gets no new node
         chosen = place(node_needs(config), free_room(rooms, placed))
+        unreachable: set[str] = set()
+        if not isinstance(chosen, str):
+            # Only the hosts picked are probed (a rollout waiting for room probes nothing), and a
+            # lost one gets no new node: placed again without it.
+            unreachable = await self._unreachable(ssh, sorted(set(chosen)))
+            if unreachable:
+                rooms = [room for room in rooms if room.name not in unreachable]
+                chosen = place(node_needs(config), free_room(rooms, placed))
         if isinstance(chosen, str):
             lost = f" (unreachable: {sorted(unreachable)})" if unreachable else ""
             raise Shortfall(f"host pool {config.hostPool!r}: {chosen}{lost}")
+        try:
+            return await asyncio.wait_for(self._allocate(draft, config, chosen, reserved), ALLOCATE_TIMEOUT_SECONDS)
+        except asyncio.TimeoutError as exc:
+            raise ProviderError(f"allocating ports took more than {ALLOCATE_TIMEOUT_SECONDS:g}s") from exc
+
+    async def _allocate(
+        self, draft: ClusterRecord, config: RayClusterConfigSpec, chosen: list[str], reserved: set[int]
+    ) -> ClusterRecord:
+        assert config.hostPool is not None
+        ssh = self.ssh(config.hostPool)
         try:
             # Serve's proxies listen on one port on every node: free on all of the cluster's hosts.
             serve_http, serve_grpc = await ssh.ports_free_on_all(sorted(set(chosen)), 2, sorted(reserved))
@@ -225,7 +245,10 @@ class PoolClusters:
         if cached is not None and cached[0] == pids and now - cached[1] < LIVENESS_CACHE_SECONDS:
             return cached[2]
         assert cluster.pool is not None
-        ssh = self.ssh(cluster.pool)
+        try:
+            ssh = self.ssh(cluster.pool)
+        except Shortfall as exc:  # the pool was deleted under it: nothing can be looked at
+            return (False, [], str(exc))
         started = [node for node in cluster.nodes if node.pid is not None]
 
         async def alive(node: NodePlacement) -> tuple[bool, str]:
@@ -234,7 +257,7 @@ class PoolClusters:
                 return running, f"exited on host {node.host}"
             except asyncio.TimeoutError:
                 return False, f"host {node.host} did not answer within {LIVENESS_TIMEOUT_SECONDS:g}s"
-            except (NodeUnreachable, SshError) as exc:
+            except (NodeUnreachable, SshError, ProviderError) as exc:  # ProviderError: host gone from the pool
                 return False, f"host {node.host} unreachable: {exc}"
 
         answers = await asyncio.gather(*(alive(node) for node in started))

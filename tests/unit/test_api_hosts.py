@@ -17,7 +17,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from servekeeper.api import build_app
-from servekeeper.client import AsyncClient, Client, ServiceNotFound, SpecInvalid
+from servekeeper.client import AsyncClient, Client, Conflict, ServiceNotFound, SpecInvalid
 from servekeeper.spec import RayClusterConfigSpec
 from servekeeper.status import ClusterPorts, ClusterRecord, ClusterRole, NodePlacement, NodePorts
 from servekeeper.store import Store
@@ -162,3 +162,40 @@ def test_capacity_used_by_each_cluster_is_shown_per_host(client: Client, store: 
     assert [(n["role"], n["gpus"]) for n in hosts["gpu-b"]["used"]] == [("worker", 1)]
     checked = {host["name"]: host for host in client.check_hosts("fleet")["hosts"]}
     assert checked["gpu-a"]["used"] == hosts["gpu-a"]["used"]
+
+
+def test_a_pool_host_that_runs_nodes_cannot_be_removed_changed_or_deleted(
+    client: Client, store: Store, tmp_path: Path
+) -> None:
+    pool = local_pool(tmp_path)
+    client.apply(pool)
+    ports = NodePorts(1, 2, 3, 4, 5, 6, 100, 147)
+    node = NodePlacement("gpu-a", "127.0.0.1", "head", ports, "/tmp/x/n0", pid=10, session_id=10)
+    store.put_cluster(
+        ClusterRecord(
+            name="svc-g1-abc",
+            service="svc",
+            generation=1,
+            cluster_spec_hash="h",
+            cluster_spec_json=RayClusterConfigSpec.model_validate({"hostPool": "fleet"}).model_dump_json(),
+            role=ClusterRole.ACTIVE,
+            ports=ClusterPorts(7, 8, 9, 11, 12, (ports,)),
+            temp_dir="/tmp/x",
+            log_dir="/tmp/x/logs",
+            created_at=1.0,
+            pool="fleet",
+            nodes=(node,),
+        )
+    )
+    without_a = copy.deepcopy(pool)
+    without_a["spec"]["hosts"] = [h for h in pool["spec"]["hosts"] if h["name"] != "gpu-a"]
+    changed_a = copy.deepcopy(pool)
+    changed_a["spec"]["hosts"][0]["address"] = "127.0.0.9"
+    for document in (without_a, changed_a):
+        with pytest.raises(Conflict, match=r"\['gpu-a'\].*svc-g1-abc"):
+            client.apply(document)
+    with pytest.raises(Conflict, match="runs clusters"):
+        client.delete_host_pool("fleet")
+    other = copy.deepcopy(pool)
+    other["spec"]["hosts"][1]["address"] = "127.0.0.8"  # a host without nodes may change
+    client.apply(other)
