@@ -18,6 +18,7 @@ from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs
 from servekeeper.dataplane import Endpoint
 from servekeeper.hostpool import HostPoolSpec
 from servekeeper.providers.base import ProviderError
+from servekeeper.providers.local import _param_args, _resource_args
 from servekeeper.providers.ssh_nodes import (
     HeadPorts,
     NodeUnreachable,
@@ -326,17 +327,8 @@ def _groups_per_node(config: RayClusterConfigSpec) -> list[HeadGroupSpec]:
 
 
 def _resources(group: HeadGroupSpec) -> list[str]:
-    args = [f"--num-cpus={group.numCpus:g}"]
-    if group.numGpus is not None:
-        args.append(f"--num-gpus={group.numGpus:g}")
-    if group.memory is not None:
-        args.append(f"--memory={group.memory}")
-    for key, value in sorted(group.rayStartParams.items()):
-        if value is True:
-            args.append(f"--{key}")
-        elif value is not False:
-            args.append(f"--{key}={value}")
-    return args
+    """The same resource and rayStartParams flags as a local node's."""
+    return _resource_args(group) + _param_args(group.rayStartParams)
 
 
 def _with_nodes(cluster: ClusterRecord, nodes: list[NodePlacement]) -> ClusterRecord:
