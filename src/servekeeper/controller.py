@@ -26,7 +26,7 @@ from servekeeper.dataplane import Backend, BackendStats, DataPlaneError, Endpoin
 from servekeeper.faults import Hooks
 from servekeeper.metrics import ControllerMetrics
 from servekeeper.package import Package
-from servekeeper.pool_clusters import PoolClusters, Shortfall
+from servekeeper.pool_clusters import HostRefused, PoolClusters, Shortfall
 from servekeeper.ports import PortAllocator
 from servekeeper.probes import ProbeRunner
 from servekeeper.providers.base import ClusterProvider, ProviderError
@@ -312,13 +312,13 @@ class Controller:
             alive, dead_workers, reason = await self.pools.liveness(cluster)
         else:
             alive, dead_workers, reason = await asyncio.to_thread(self._liveness, cluster)
-        auth = self._auth(cluster)
         if not alive:
             return ClusterObservation(name=cluster.name, processes_alive=False, error=reason)
         if dead_workers:
             return ClusterObservation(
                 name=cluster.name, processes_alive=True, dead_workers=len(dead_workers), error=reason
             )
+        auth = self._auth(cluster)  # only now: a pool cluster that never started has no token
         capacity = None
         try:
             if cluster.target_capacity is not None:  # managed: what Ray scales to is part of the look
@@ -445,6 +445,13 @@ class Controller:
             async with self.pools.creating:  # the pool's room and ports, as seen, until stored
                 try:
                     cluster = await self.pools.new_record(cluster, config)
+                except HostRefused as exc:
+                    # Waiting would not mend it: stored failed, without nodes (nothing to stop),
+                    # so that the planner fails the rollout with the host's refusal.
+                    self._shortfalls.pop(service.name, None)
+                    failed = cluster.with_changes(pool=config.hostPool, failure_reason=f"StartFailed: {exc}")
+                    self.store.put_cluster(failed)
+                    return
                 except (Shortfall, ProviderError) as exc:
                     # The rollout waits (level-triggered: the next tick tries again) and says why.
                     if self._shortfalls.get(service.name) != str(exc):
@@ -462,6 +469,8 @@ class Controller:
     def _start_cluster(self, cluster: ClusterRecord) -> None:
         if cluster.name in self._background:
             return  # its start (or stop) is in progress
+        if cluster.failure_reason is not None:
+            return  # failed: the planner deletes it; starting it again would only hide the cause
         config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
         if cluster.pool is not None:
             self._in_background(cluster, f"start-{cluster.name}", self._start_pool_nodes(cluster, config))

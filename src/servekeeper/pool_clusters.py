@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, place
 from servekeeper.dataplane import Endpoint
-from servekeeper.hostpool import HostPoolSpec
+from servekeeper.hostpool import HostPoolSpec, HostSpec
 from servekeeper.providers.base import ProviderError
 from servekeeper.providers.local import _param_args, _resource_args
 from servekeeper.providers.ssh_nodes import (
@@ -33,7 +33,7 @@ from servekeeper.providers.ssh_nodes import (
     worker_argv,
 )
 from servekeeper.spec import HeadGroupSpec, RayClusterConfigSpec
-from servekeeper.ssh import SshError
+from servekeeper.ssh import CommandTimeout, SshError
 from servekeeper.status import ClusterPorts, ClusterRecord, NodePlacement
 from servekeeper.store import Store
 
@@ -49,6 +49,11 @@ ALLOCATE_TIMEOUT_SECONDS = 20.0  # ports probed on each host: a host falling sil
 
 class Shortfall(Exception):
     """The pool cannot hold the cluster now (or has no such pool): the rollout waits."""
+
+
+class HostRefused(Exception):
+    """A host picked for the cluster refuses in a way that waiting does not mend (its host key,
+    the login, its python): the rollout fails with it. The message names the host."""
 
 
 def pool_problems(store: Store, config: RayClusterConfigSpec) -> list[str]:
@@ -75,8 +80,11 @@ def pool_problems(store: Store, config: RayClusterConfigSpec) -> list[str]:
 
 
 class PoolClusters:
-    def __init__(self, store: Store, state_dir: Path) -> None:
+    def __init__(
+        self, store: Store, state_dir: Path, ssh_nodes: Callable[[Sequence[HostSpec]], SshNodes] = SshNodes
+    ) -> None:
         self.store = store
+        self._ssh_nodes = ssh_nodes  # tests give a fake of the SSH side
         self.token_dir = state_dir / "tokens"
         self._nodes: dict[str, tuple[str, SshNodes]] = {}  # pool -> (its spec json, its connections)
         self._tokens: dict[str, str] = {}
@@ -99,7 +107,7 @@ class PoolClusters:
         spec_json = pool.to_json()
         cached = self._nodes.get(pool_name)
         if cached is None or cached[0] != spec_json:
-            self._nodes[pool_name] = (spec_json, SshNodes(pool.spec.hosts))
+            self._nodes[pool_name] = (spec_json, self._ssh_nodes(pool.spec.hosts))
         return self._nodes[pool_name][1]
 
     async def close(self) -> None:
@@ -111,7 +119,7 @@ class PoolClusters:
 
     async def new_record(self, draft: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
         """`draft` with its nodes placed on the pool's hosts and ports allocated there; raises
-        Shortfall when the pool cannot hold it now."""
+        Shortfall when the pool cannot hold it now, HostRefused when a host picked refuses for good."""
         assert config.hostPool is not None
         pool = self.pool(config.hostPool)
         rooms = [
@@ -160,6 +168,8 @@ class PoolClusters:
                 reserved.update(ports.all_ports())
                 node_ports.append(ports)
         except SshError as exc:
+            if not exc.retryable:
+                raise HostRefused(str(exc)) from exc
             raise ProviderError(f"allocating ports: {exc}") from exc
         gcs, dashboard, client_server = singles
         nodes = tuple(
@@ -177,16 +187,23 @@ class PoolClusters:
         return draft.with_changes(pool=config.hostPool, nodes=nodes, ports=cluster_ports)
 
     async def _unreachable(self, ssh: SshNodes, hosts: list[str]) -> set[str]:
-        async def answers(name: str) -> bool:
-            try:
-                run = ssh.connection(name).run([ssh.host(name).python, "-c", "0"], timeout=REACH_TIMEOUT_SECONDS)
-                await asyncio.wait_for(run, REACH_TIMEOUT_SECONDS + 1)
-                return True
-            except (SshError, asyncio.TimeoutError):
-                return False
+        """The hosts that do not answer now (placed without them: they may come back); a host
+        that refuses (host key, login, a command failing) raises HostRefused."""
 
-        results = await asyncio.gather(*(answers(name) for name in hosts))
-        return {name for name, ok in zip(hosts, results, strict=True) if not ok}
+        async def failure(name: str) -> SshError | None:
+            try:
+                await asyncio.wait_for(ssh.probe(name, REACH_TIMEOUT_SECONDS), REACH_TIMEOUT_SECONDS + 1)
+            except asyncio.TimeoutError:
+                return CommandTimeout(name, f"no answer within {REACH_TIMEOUT_SECONDS + 1:g}s")
+            except SshError as exc:
+                return exc
+            return None
+
+        failures = await asyncio.gather(*(failure(name) for name in hosts))
+        refused = [exc for exc in failures if exc is not None and not exc.retryable]
+        if refused:
+            raise HostRefused(str(refused[0])) from refused[0]
+        return {name for name, exc in zip(hosts, failures, strict=True) if exc is not None}
 
     # -- starting, watching, stopping --------------------------------------------------------------
 
@@ -250,6 +267,8 @@ class PoolClusters:
             ssh = self.ssh(cluster.pool)
         except Shortfall as exc:  # the pool was deleted under it: nothing can be looked at
             return (False, [], str(exc))
+        if not cluster.nodes:  # failed at placement: nothing was ever started
+            return (False, [], None)
         started = [node for node in cluster.nodes if node.pid is not None]
 
         async def alive(node: NodePlacement) -> tuple[bool, str]:

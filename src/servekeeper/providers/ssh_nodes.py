@@ -326,6 +326,12 @@ class SshNodes:
 
         return await with_retries(once)
 
+    async def probe(self, host: str, timeout: float) -> None:
+        """Run the host's python once, not retried: raises SshError when the host does not answer
+        (retryable) or refuses us (host key, login, a python that is not there)."""
+        connection = self.connection(host)
+        await connection.run([connection.host.python, "-c", "0"], timeout=timeout)
+
     async def allocate_ports(self, host: str, count: int, reserved: Sequence[int] = ()) -> tuple[list[int], range]:
         """`count` ports free on the host (bound to nothing there, not `reserved`), and a block
         of WORKER_PORTS_PER_NODE for Ray's workers, in servekeeper's range (ports.py)."""
