@@ -118,6 +118,23 @@ class FleetHost:
         """Every process in the host's network namespace (sshd included)."""
         return namespace_pids(self.namespace)
 
+    def set_sftp(self, enabled: bool) -> None:
+        """Turn the host's SFTP subsystem off or on (sshd reloads its config on SIGHUP), and
+        drop every open SSH connection to it so the next one sees the change."""
+        assert self.sshd is not None
+        config = self.directory / "sshd_config"
+        lines = [line for line in config.read_text().splitlines() if not line.startswith("Subsystem")]
+        if enabled:
+            lines.append("Subsystem sftp internal-sftp")
+        config.write_text("\n".join(lines) + "\n")
+        self.sshd.send_signal(signal.SIGHUP)
+        for pid in self.pids():
+            if pid != self.sshd.pid and _is_sshd(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)  # a connection's own sshd: the connection drops
+        time.sleep(0.5)  # the listener re-executes itself on SIGHUP
+        _wait_for_sshd(self, timeout=15)
+
 
 @dataclass
 class Fleet:
@@ -128,9 +145,19 @@ class Fleet:
     bridge: str = ""
     setup_seconds: float = 0.0
 
-    def host_pool_document(self, name: str = "fleet", python: str | None = None, cpus: float = 2) -> dict[str, Any]:
-        """A HostPool spec for the fleet; every host's python defaults to this test run's."""
+    def host_pool_document(
+        self,
+        name: str = "fleet",
+        python: str | None = None,
+        cpus: float | dict[str, float] = 2,
+        hosts: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """A HostPool spec for the fleet (or the `hosts` named); every host's python defaults
+        to this test run's; `cpus` for every host, or per host name."""
         import sys
+
+        def cpus_of(host: FleetHost) -> float:
+            return cpus[host.name] if isinstance(cpus, dict) else cpus
 
         return {
             "apiVersion": "servekeeper/v1alpha1",
@@ -149,10 +176,11 @@ class Fleet:
                             "connectTimeoutSeconds": 5,
                         },
                         "python": python or sys.executable,
-                        "resources": {"cpus": cpus, "gpus": 0, "memoryGiB": 4},
+                        "resources": {"cpus": cpus_of(host), "gpus": 0, "memoryGiB": 4},
                         "workDir": host.work_dir,
                     }
                     for host in self.hosts
+                    if hosts is None or host.name in hosts
                 ]
             },
         }
