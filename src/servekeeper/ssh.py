@@ -13,11 +13,13 @@ key refused, authentication refused, a command that failed) need a person.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import json
 import logging
 import platform
 import random
+import secrets
 import shlex
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -228,14 +230,22 @@ class HostConnection:
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         """Write a file over SFTP, created with `mode` before a byte is written (a secret is
-        never readable by others, not even for a moment)."""
+        never readable by others, not even for a moment). Written under a new name, then renamed
+        over `path` (atomic): a process that reads `path` meanwhile (a node of the same cluster
+        on that host reading its token) finds the old file or the new one, never an empty one."""
         connection = await self._connect()
+        temporary = f"{path}.{secrets.token_hex(4)}.tmp"
         try:
             async with connection.start_sftp_client() as sftp:
-                attrs = asyncssh.SFTPAttrs(permissions=mode)
-                async with sftp.open(path, "wb", attrs) as remote:
-                    await remote.write(data)
-                await sftp.chmod(path, mode)  # an existing file keeps its old mode on open
+                try:
+                    async with sftp.open(temporary, "xb", asyncssh.SFTPAttrs(permissions=mode)) as remote:
+                        await remote.write(data)
+                    await sftp.chmod(temporary, mode)  # exactly `mode`, whatever the host's umask
+                    await sftp.posix_rename(temporary, path)
+                except Exception:
+                    with contextlib.suppress(Exception):  # best effort: the write's error is the one to tell
+                        await sftp.remove(temporary)
+                    raise
         except asyncssh.SFTPError as exc:
             raise CommandFailed(self.where, ["sftp-write", path], None, str(exc.reason)) from exc
         except (OSError, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:

@@ -3,14 +3,21 @@
 
 Controls: `refuse[host]` / `silent[host]` (what a probe of that host raises), `launch_gate` (a
 node launch waits for it), `leftovers[temp_dir]` (pids a stop of that node leaves alive). It
-keeps `running` (temp dir -> the node), `tokens` (path -> content) and the `calls` it got."""
+keeps `running` (temp dir -> the node), `tokens` (path -> content) and the `calls` it got.
+
+Below it, `FakeSshConnection`: an asyncssh connection with only an SFTP client over a local
+directory, for what `HostConnection` does with files."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
+
+import asyncssh
 
 from servekeeper.hostpool import HostSpec
 from servekeeper.providers.ssh_nodes import RemoteNode, SshNodes, cluster_dir
@@ -120,3 +127,68 @@ def pool_document(*hosts: tuple[str, float], pool: str = "fleet") -> dict[str, A
             ]
         },
     }
+
+
+class FakeSftp:
+    """asyncssh's SFTP client over a local directory (the calls write_file makes); `ops` lists
+    (operation, path) in order, `fail_write` makes the next write raise."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, str]] = []
+        self.fail_write: Exception | None = None
+
+    async def __aenter__(self) -> FakeSftp:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    @contextlib.asynccontextmanager
+    async def open(self, path: str, mode: str, attrs: asyncssh.SFTPAttrs) -> AsyncIterator[Any]:
+        self.ops.append((f"open-{mode}", path))
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if "x" in mode else os.O_TRUNC)
+        descriptor = os.open(path, flags, attrs.permissions or 0o644)
+        sftp = self
+
+        class Remote:
+            async def write(self, data: bytes) -> None:
+                if sftp.fail_write is not None:
+                    raise sftp.fail_write
+                os.write(descriptor, data)
+
+        try:
+            yield Remote()
+        finally:
+            os.close(descriptor)
+
+    async def chmod(self, path: str, mode: int) -> None:
+        self.ops.append(("chmod", path))
+        os.chmod(path, mode)
+
+    async def posix_rename(self, old: str, new: str) -> None:
+        self.ops.append(("rename", f"{old} -> {new}"))
+        os.replace(old, new)
+
+    async def remove(self, path: str) -> None:
+        self.ops.append(("remove", path))
+        os.remove(path)
+
+
+class FakeSshConnection:
+    """An open asyncssh connection that only has SFTP (put in a HostConnection's `_connection`)."""
+
+    def __init__(self) -> None:
+        self.sftp = FakeSftp()
+        self.closed = False
+
+    def is_closed(self) -> bool:
+        return self.closed
+
+    def start_sftp_client(self) -> FakeSftp:
+        return self.sftp
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def wait_closed(self) -> None:
+        return None

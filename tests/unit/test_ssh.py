@@ -7,6 +7,7 @@ import asyncio
 import stat
 from pathlib import Path
 
+import asyncssh
 import pytest
 
 from servekeeper.hostpool import HostSpec, parse_host_pool
@@ -21,6 +22,7 @@ from servekeeper.providers.ssh_nodes import (
     worker_argv,
 )
 from servekeeper.ssh import (
+    CommandFailed,
     CommandTimeout,
     HostConnection,
     HostKeyRefused,
@@ -32,6 +34,7 @@ from servekeeper.ssh import (
     with_retries,
 )
 from servekeeper.status import NodePorts
+from tests.unit.ssh_fakes import FakeSshConnection
 from tests.unit.test_hostpool import VALID
 
 PORTS = NodePorts(
@@ -149,3 +152,35 @@ def test_token_is_stored_0600(tmp_path: Path) -> None:
 def test_remote_node_round_trips() -> None:
     node = RemoteNode("h1", "10.0.0.1", "worker", 123, 123, "/tmp/sk/c1/w1", "/tmp/sk/c1/w1.log", PORTS)
     assert RemoteNode.from_json(node.to_json()) == node
+
+
+async def test_a_file_is_replaced_by_a_rename_never_truncated_in_place(tmp_path: Path) -> None:
+    """A node of the cluster may be reading its token file when another node of it on the same
+    host (or a restart) writes it again: it must find a whole file, old or new, at any moment."""
+    path = tmp_path / "auth_token"
+    path.write_text("token-1")
+    path.chmod(0o600)
+    connection = HostConnection(a_host())
+    fake = FakeSshConnection()
+    connection._connection = fake  # type: ignore[assignment]
+    with path.open() as reader:  # a reader of the old file
+        await connection.write_file(str(path), b"token-1", mode=0o600)
+        assert reader.read() == "token-1"  # the file it holds was never truncated
+    assert path.read_text() == "token-1" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    opened = [where for op, where in fake.sftp.ops if op.startswith("open")]
+    assert opened and str(path) not in opened  # written under another name only
+    assert fake.sftp.ops[-1][0] == "rename" and fake.sftp.ops[-1][1].endswith(f" -> {path}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["auth_token"]  # nothing left beside it
+
+
+async def test_a_write_that_fails_leaves_the_file_as_it_was_and_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "auth_token"
+    path.write_text("token-1")
+    connection = HostConnection(a_host())
+    fake = FakeSshConnection()
+    fake.sftp.fail_write = asyncssh.SFTPFailure("disk full")
+    connection._connection = fake  # type: ignore[assignment]
+    with pytest.raises(CommandFailed, match="disk full"):
+        await connection.write_file(str(path), b"token-2")
+    assert path.read_text() == "token-1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["auth_token"]

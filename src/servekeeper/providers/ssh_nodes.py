@@ -379,7 +379,8 @@ class SshNodes:
         return ports, singles[6:]
 
     async def install_token(self, host: str, cluster: str, token: str) -> str:
-        """Write the cluster's token to a 0600 file in a 0700 dir on `host` (SFTP); its path."""
+        """Write the cluster's token to a 0600 file in a 0700 dir on `host` (SFTP); its path.
+        Replaced atomically: a node of the cluster may already run on that host and read it."""
         directory = cluster_dir(self.host(host), cluster)
         await self._call(host, "prepare", {"dirs": [directory]})
         path = f"{directory}/{TOKEN_FILE_NAME}"
