@@ -707,9 +707,14 @@ class Controller:
             if running.get_name().startswith("stop-"):
                 return
             running.cancel()  # a start still in progress: stop it, then delete
-        self._in_background(cluster, f"stop-{name}", self._stop_cluster(cluster))
+        self._in_background(cluster, f"stop-{name}", self._stop_cluster(cluster, after=running))
 
-    async def _stop_cluster(self, cluster: ClusterRecord) -> None:
+    async def _stop_cluster(self, cluster: ClusterRecord, after: asyncio.Task[None] | None = None) -> None:
+        if after is not None:
+            # The cancelled start first finishes a node launch under way and records it (a pool
+            # cluster's start does): stopped before that, the node would outlive its record.
+            await asyncio.wait({after})
+            cluster = self.store.get_cluster(cluster.name) or cluster
         leftovers: list[int] | list[str]
         if cluster.pool is not None:
             leftovers = await self.pools.stop(cluster)

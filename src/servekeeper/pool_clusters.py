@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, Literal, TypeVar
 
 from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, place
 from servekeeper.dataplane import Endpoint
@@ -45,6 +47,7 @@ LIVENESS_CACHE_SECONDS = 2.0  # an SSH round trip per node per look is too much 
 LIVENESS_TIMEOUT_SECONDS = 4.0
 REACH_TIMEOUT_SECONDS = 5.0
 ALLOCATE_TIMEOUT_SECONDS = 20.0  # ports probed on each host: a host falling silent must not hold the tick
+T = TypeVar("T")
 
 
 class Shortfall(Exception):
@@ -229,6 +232,18 @@ class PoolClusters:
         token = read_cluster_token(self.token_dir, cluster.name)
         groups = _groups_per_node(config)
         nodes = list(cluster.nodes)
+
+        async def launch(cluster: ClusterRecord, index: int, argv: list[str], token_path: str) -> ClusterRecord:
+            node = nodes[index]
+            role: Literal["head", "worker"] = "head" if index == 0 else "worker"
+            started = await ssh.start_node(
+                node.host, role, argv, node.temp_dir, node.ports, token_path, groups[index].env
+            )
+            nodes[index] = replace(node, pid=started.pid, session_id=started.session_id)
+            updated = _with_nodes(cluster, nodes)
+            record(updated)
+            return updated
+
         for index, node in enumerate(nodes):
             if node.pid is not None:
                 continue
@@ -237,22 +252,16 @@ class PoolClusters:
             await ssh.stop(_remote(node, pid=-1, session_id=-1))
             token_path = await ssh.install_token(node.host, cluster.name, token)
             host = ssh.host(node.host)
-            group = groups[index]
-            resources = _resources(group)
+            resources = _resources(groups[index])
             if index == 0:
                 ports = cluster.ports
                 head = HeadPorts(ports.gcs, ports.dashboard, ports.client_server)
                 argv = head_argv(host, node.temp_dir, head, node.ports, resources)
             else:
                 argv = worker_argv(host, node.temp_dir, cluster.gcs_address, node.ports, resources)
-            started = await ssh.start_node(
-                node.host, "head" if index == 0 else "worker", argv, node.temp_dir, node.ports, token_path, group.env
-            )
-            nodes[index] = NodePlacement(
-                node.host, node.address, node.role, node.ports, node.temp_dir, started.pid, started.session_id
-            )
-            cluster = _with_nodes(cluster, nodes)
-            record(cluster)
+            # A delete cancels this start: a node launched is recorded before the cancel goes on,
+            # so that the stop which follows the delete knows it (and stops it by its pid).
+            cluster = await _to_the_end(launch(cluster, index, argv, token_path))
 
     async def liveness(self, cluster: ClusterRecord) -> tuple[bool, list[int], str | None]:
         """(head alive, dead workers' pids, why) like the local provider's checks; read at most
@@ -322,6 +331,21 @@ class PoolClusters:
             self._tokens.pop(cluster.name, None)
             (self.token_dir / f"{cluster.name}.token").unlink(missing_ok=True)
         return leftovers
+
+
+async def _to_the_end(work: Coroutine[Any, Any, T]) -> T:
+    """Run `work` to its end even when the caller is cancelled meanwhile; then the cancel goes on
+    (unless `work` failed: its error is the one raised)."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})  # never cancels `task`
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled and not task.cancelled() and task.exception() is None:
+        raise asyncio.CancelledError
+    return task.result()
 
 
 def _remote(node: NodePlacement, pid: int | None = None, session_id: int | None = None) -> RemoteNode:

@@ -2,8 +2,9 @@
 `SshNodes` the code under test makes, with controls to steer it; no connection is opened.
 
 Controls: `refuse[host]` / `silent[host]` (what a probe of that host raises), `launch_gate` (a
-node launch waits for it), `leftovers[temp_dir]` (pids a stop of that node leaves alive). It
-keeps `running` (temp dir -> the node), `tokens` (path -> content) and the `calls` it got.
+node launch waits for it on the host; cancelling the caller does not stop it), `leftovers[temp_dir]`
+(pids a stop of that node leaves alive). It keeps `running` (temp dir -> the node), `tokens`
+(path -> content), `stopped` (the nodes each stop got) and the `calls` it got.
 
 Below it, `FakeSshConnection`: an asyncssh connection with only an SFTP client over a local
 directory, for what `HostConnection` does with files."""
@@ -36,6 +37,8 @@ class FakeFleet:
         self.running: dict[str, RemoteNode] = {}
         self.tokens: dict[str, str] = {}
         self.calls: list[tuple[str, str]] = []  # (method, host or temp dir)
+        self.stopped: list[RemoteNode] = []  # what each stop was asked to stop (pid -1: by its tag)
+        self.launches: list[asyncio.Future[RemoteNode]] = []
         self.made: list[FakeSshNodes] = []
         self._pids = itertools.count(7000)
         self._ports = itertools.count(20000)
@@ -44,6 +47,23 @@ class FakeFleet:
         nodes = FakeSshNodes(self, hosts)
         self.made.append(nodes)
         return nodes
+
+    async def launch_on_host(
+        self, host: HostSpec, role: Literal["head", "worker"], temp_dir: str, ports: NodePorts
+    ) -> RemoteNode:
+        self.launching.set()
+        if self.launch_gate is not None:
+            await self.launch_gate.wait()
+        pid = self.pid()
+        node = RemoteNode(host.name, host.address, role, pid, pid, temp_dir, f"{temp_dir}.log", ports)
+        self.running[temp_dir] = node
+        return node
+
+    async def settle(self) -> None:
+        """Let every launch sent end (the gate opened)."""
+        if self.launch_gate is not None:
+            self.launch_gate.set()
+        await asyncio.gather(*self.launches)
 
     def port(self) -> int:
         return next(self._ports)
@@ -95,19 +115,17 @@ class FakeSshNodes(SshNodes):
         env: Mapping[str, str] | None = None,
     ) -> RemoteNode:
         self.fleet.calls.append(("launch", temp_dir))
-        self.fleet.launching.set()
-        if self.fleet.launch_gate is not None:
-            await self.fleet.launch_gate.wait()
-        pid = self.fleet.pid()
-        node = RemoteNode(host, self.host(host).address, role, pid, pid, temp_dir, f"{temp_dir}.log", ports)
-        self.fleet.running[temp_dir] = node
-        return node
+        # The command is on its way: the host starts the node whatever becomes of this call.
+        on_host = asyncio.ensure_future(self.fleet.launch_on_host(self.host(host), role, temp_dir, ports))
+        self.fleet.launches.append(on_host)
+        return await asyncio.shield(on_host)
 
     async def alive(self, node: RemoteNode) -> bool:
         return node.temp_dir in self.fleet.running
 
     async def stop(self, node: RemoteNode) -> list[int]:
         self.fleet.calls.append(("stop", node.temp_dir))
+        self.fleet.stopped.append(node)
         left = self.fleet.leftovers.get(node.temp_dir, [])
         if not left:
             self.fleet.running.pop(node.temp_dir, None)

@@ -20,7 +20,7 @@ from servekeeper.status import ClusterRole
 from servekeeper.store import Store
 from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe
 from tests.unit.ssh_fakes import FakeFleet, pool_document
-from tests.unit.test_controller import World, make_spec
+from tests.unit.test_controller import NAME, World, make_spec
 
 
 class PoolWorld(World):
@@ -51,8 +51,7 @@ async def world(tmp_path: Path) -> AsyncIterator[PoolWorld]:
     try:
         yield world
     finally:
-        if fleet.launch_gate is not None:
-            fleet.launch_gate.set()
+        await fleet.settle()
         await controller.shutdown(stop_clusters=False)
         await session.close()
         store.close()
@@ -117,3 +116,44 @@ async def test_a_silent_host_needed_for_room_makes_the_rollout_wait(world: PoolW
     [event] = [e for e in world.events() if e.reason == "InsufficientCapacity"]
     assert "unreachable: ['b']" in event.message
     assert world.service().failed_generation is None
+
+
+# -- a delete during a launch ----------------------------------------------------------------------
+
+
+async def test_a_start_cancelled_during_a_launch_records_the_node_then_is_cancelled(world: PoolWorld) -> None:
+    world.apply(pool_spec(workers=1))
+    world.fleet.launch_gate = asyncio.Event()
+    await world.tick()
+    pending = world.only(ClusterRole.PENDING)
+    start = world.controller._background[pending.name]
+    await world.fleet.launching.wait()
+    start.cancel()
+    await asyncio.sleep(0.01)
+    assert not start.done()  # the launch under way is seen to its end
+    world.fleet.launch_gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    head, worker = world.cluster(pending.name).nodes
+    assert head.pid is not None and world.fleet.running[head.temp_dir].pid == head.pid  # recorded
+    assert worker.pid is None and worker.temp_dir not in world.fleet.running  # not launched after the cancel
+
+
+async def test_a_delete_during_a_launch_stops_the_node_once_it_is_recorded(world: PoolWorld) -> None:
+    world.apply(pool_spec(workers=1))
+    world.fleet.launch_gate = asyncio.Event()
+    await world.tick()
+    pending = world.only(ClusterRole.PENDING)
+    await world.fleet.launching.wait()
+    stops_before = len(world.fleet.stopped)  # the start's own stop by tag, before its launch
+    world.store.mark_deleting(NAME)
+    await world.tick()  # deletes the cluster: its start is cancelled, its stop begins
+    assert world.controller._background[pending.name].get_name() == f"stop-{pending.name}"
+    await asyncio.sleep(0.01)
+    assert len(world.fleet.stopped) == stops_before  # the stop waits for the launch under way
+    world.fleet.launch_gate.set()
+    await world.background_settled()
+    assert world.fleet.running == {}  # no node outlives its cluster
+    assert world.store.get_cluster(pending.name) is None
+    head = next(node for node in world.fleet.stopped[stops_before:] if node.role == "head")
+    assert head.pid > 0  # stopped by the pid the start recorded
