@@ -91,7 +91,11 @@ def test_cluster_shape() -> None:
     assert cluster["common_lb_config"]["healthy_panic_threshold"] == {"value": 0}
     (check,) = cluster["health_checks"]
     assert check["http_health_check"]["path"] == "/-/healthz"
-    assert (check["interval"], check["unhealthy_threshold"], check["healthy_threshold"]) == ("1s", 3, 1)
+    assert (check["interval"], check["unhealthy_threshold"], check["healthy_threshold"]) == (
+        "1s",
+        2,
+        1,
+    )  # two proxies: the multi-node timing
     named = Backend("n", (Endpoint("node-1.internal", 9001),))
     dns = render_clusters([ServiceRoute("s", 1, (named,), {"n": 1})])["http-n"]
     assert dns["type"] == "STRICT_DNS"
@@ -211,3 +215,16 @@ def test_backoff_restarts_at_once_then_slows_down() -> None:
         delays.append(backoff.delay())
     assert delays[:4] == [0, 0.5, 1, 2] and delays[-1] == 30
     assert not backoff.may_restart(now + 1)
+
+
+def test_a_silent_proxy_of_a_multi_node_cluster_is_ejected_sooner_and_its_connections_closed() -> None:
+    clusters = render_clusters([svc({"hello-g1": 50, "hello-g2": 50}, grpc_port=9000)])
+    several, one = clusters["http-hello-g1"], clusters["http-hello-g2"]
+    (check,) = several["health_checks"]
+    assert (check["timeout"], check["unhealthy_threshold"]) == ("2s", 2)
+    assert several["close_connections_on_host_health_failure"] is True
+    # A one-node cluster's only proxy: ejecting it is an outage, so the check stays generous.
+    (check,) = one["health_checks"]
+    assert (check["timeout"], check["unhealthy_threshold"]) == ("3s", 3)
+    assert one["close_connections_on_host_health_failure"] is False
+    assert clusters["grpc-hello-g1"]["health_checks"][0]["timeout"] == "3s"  # one gRPC endpoint

@@ -112,6 +112,82 @@ def test_three_nodes_on_three_hosts_each_answering_through_the_ingress(shared: S
     assert answered == set(addresses), f"replicas answered from {answered}"
 
 
+REFUSALS_FROM_ANOTHER_HOST = r"""
+import json, sys, urllib.error, urllib.request
+dashboard = sys.argv[1]
+calls = {
+    "job submission": ("POST", "/api/jobs/", {"entrypoint": "echo owned"}),
+    "Serve config PUT": ("PUT", "/api/serve/applications/", {"applications": []}),
+}
+answers = {}
+for label, (method, path, body) in calls.items():
+    for auth in ("none", "wrong"):
+        headers = {"Content-Type": "application/json"}
+        if auth == "wrong":
+            headers["Authorization"] = "Bearer " + "0" * 64
+        request = urllib.request.Request(dashboard + path, json.dumps(body).encode(), headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                answers[label + " " + auth] = response.status
+        except urllib.error.HTTPError as error:
+            answers[label + " " + auth] = error.code
+print(json.dumps(answers))
+"""
+
+
+def test_another_host_cannot_submit_a_job_or_a_serve_config_without_the_token(shared: Shared) -> None:
+    import sys
+
+    active = shared.active()
+    other = next(host for host in shared.fleet.hosts if host.name != shared.fleet.hosts[0].name)  # not the head's
+    answer = other.run(sys.executable, "-c", REFUSALS_FROM_ANOTHER_HOST, active["dashboardUrl"])
+    codes = json.loads(answer.stdout.strip().splitlines()[-1])
+    print(f"from {other.name} ({other.address}) to {active['dashboardUrl']}: {codes}")
+    assert codes and all(code in (401, 403) for code in codes.values()), codes
+    # Nothing was deployed by the refused PUT: the service still answers.
+    assert httpx.get(f"http://127.0.0.1:{shared.port}/", timeout=10).status_code == 200
+
+
+def test_a_worker_host_cut_off_under_load_costs_only_the_requests_in_flight_on_it(shared: Shared) -> None:
+    active = shared.active()
+    worker_host = next(node["host"] for node in node_records(shared, active["name"]) if node["role"] == "worker")
+    lost = next(host for host in shared.fleet.hosts if host.name == worker_host)
+    clients = 8
+    with Load(f"http://127.0.0.1:{shared.port}/node", clients=clients, timeout=10) as load:
+        wait_until(lambda: load.result.ok > 30, 30, "load to start")
+        cut_at = time.time()
+        subprocess.run(["ip", "link", "set", lost.veth, "down"], check=True)
+        try:
+            time.sleep(12)  # below Ray's own node-death timeout: the host comes back as it was
+            during = load.result.timeline[:]
+        finally:
+            subprocess.run(["ip", "link", "set", lost.veth, "up"], check=True)
+        time.sleep(3)
+        result = load.stop()
+    oks = [when for when, label in during if when >= cut_at and not label.startswith(FAILURE_LABELS)]
+    longest_gap = max((b - a for a, b in zip([cut_at, *oks], oks, strict=False)), default=0.0)
+    answered_after = {label for when, label in during if when > cut_at + 6 and not label.startswith(FAILURE_LABELS)}
+    print(
+        f"worker host {lost.name} cut off for 12 s under {clients} clients: {result.failed} of "
+        f"{result.failed + result.ok} requests failed ({dict(result.failures)}), {len(oks)} answered while it was "
+        f"off, longest time without an answer {longest_gap:.1f}s, answering then: {sorted(answered_after)}"
+    )
+    # At most one request in flight per client when the host fell silent, plus one each sent to it
+    # before Envoy ejected it (a pooled connection to a silent host does not refuse).
+    assert result.failed <= 2 * clients, result.failures
+    assert longest_gap < 6, "the other nodes kept answering"
+    assert lost.address not in answered_after and answered_after, "the cut host's replicas were out of the way"
+    assert oks and oks[-1] > cut_at + 10, "answers all along the cut"
+
+
+def node_records(shared: Shared, cluster: str) -> list[dict[str, Any]]:
+    row = next(c for c in shared.sk.clusters() if c["name"] == cluster)
+    return list(json.loads(row["nodes_json"]))
+
+
+FAILURE_LABELS = ("HTTP", "timeout", "reset", "connect")
+
+
 def test_cluster_shape_upgrade_across_the_fleet_drops_nothing(shared: Shared) -> None:
     old = shared.active()
     old_dirs = node_dirs(shared, old["name"])

@@ -5,6 +5,7 @@ app DEPLOYING (healthy, not ready) until every replica has finished it.
 
 A GET answers the version (`msg`); a POST answers the version on the first line, then the request
 body verbatim, so a load client can tell a complete answer from a truncated or mixed-up one.
+Under `/node` the node's address takes the version's place (which node answered: multi-host tests).
 `error_rate` and `delay_s` make a bad release for canary tests: that share of requests answers
 500, and every answer takes that long.
 """
@@ -33,7 +34,8 @@ class Hello:
 
     async def __call__(self, request: Request) -> str | PlainTextResponse:
         if request.url.path.rstrip("/").endswith("/node"):  # which node answered (multi-host tests)
-            return ray.util.get_node_ip_address()
+            node = ray.util.get_node_ip_address()
+            return f"{node}\n{(await request.body()).decode()}" if request.method == "POST" else node
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.error_rate and random.random() < self.error_rate:

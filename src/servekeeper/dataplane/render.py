@@ -84,6 +84,17 @@ def _is_ip(host: str) -> bool:
     return True
 
 
+def _health_timing(endpoint_count: int) -> Resource:
+    """How soon a silent endpoint is ejected. One endpoint (a one-node cluster): generous, since
+    with no panic routing ejecting a busy cluster's only proxy (a slow /-/healthz on two loaded
+    cores) is an outage, and a dead one is refused at connect and retried anyway. Several (a
+    proxy per node of a multi-host cluster): a host cut off the network stays silent, so it is
+    ejected after about 3 s while the other nodes carry the traffic."""
+    if endpoint_count > 1:
+        return {"timeout": "2s", "unhealthy_threshold": 2}
+    return {"timeout": "3s", "unhealthy_threshold": 3}
+
+
 def render_cluster(kind: str, backend: Backend) -> Resource:
     """The backend's HTTP or gRPC cluster; a PREVIEW cluster is its HTTP cluster under another name."""
     endpoints: tuple[Endpoint, ...] = backend.grpc if kind == GRPC else backend.http
@@ -109,18 +120,17 @@ def render_cluster(kind: str, backend: Backend) -> Resource:
         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
         "health_checks": [
             {
-                # Generous on purpose: with no panic routing, ejecting a busy cluster's only proxy
-                # (a slow /-/healthz on two loaded cores) is an outage; a dead one is refused at
-                # connect and retried anyway.
-                "timeout": "3s",
+                **_health_timing(len(endpoints)),
                 "interval": "1s",
                 # Without this a cluster carrying no traffic (a draining one) is checked once a minute.
                 "no_traffic_interval": "1s",
-                "unhealthy_threshold": 3,
                 "healthy_threshold": 1,
                 **health_check,
             }
         ],
+        # A host cut off the network does not refuse: requests sent on a pooled connection to it
+        # would hang until the client gives up. Once ejected, its connections are closed.
+        "close_connections_on_host_health_failure": len(endpoints) > 1,
         "circuit_breakers": {
             "thresholds": [
                 {
