@@ -73,6 +73,10 @@ class AuthenticationRefused(SshError):
     pass
 
 
+class SessionRefused(SshError):
+    """Logged in, but the host refused a session of the kind asked for (SFTP)."""
+
+
 class CommandFailed(SshError):
     def __init__(self, host: str, argv: Sequence[str], exit_status: int | None, stderr: str) -> None:
         self.argv = list(argv)
@@ -248,7 +252,14 @@ class HostConnection:
                     raise
         except asyncssh.SFTPError as exc:
             raise CommandFailed(self.where, ["sftp-write", path], None, str(exc.reason)) from exc
-        except (OSError, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:
+        except asyncssh.ChannelOpenError as exc:
+            if not connection.is_closed():  # logged in, but no SFTP: sshd without its sftp subsystem
+                raise SessionRefused(
+                    self.where, f"refused an SFTP session ({exc.reason}); its sshd must allow the sftp subsystem"
+                ) from exc
+            await self.close()
+            raise HostUnreachable(self.where, f"connection lost: {_describe(exc)}") from exc
+        except (OSError, asyncssh.DisconnectError) as exc:
             await self.close()
             raise HostUnreachable(self.where, f"connection lost: {_describe(exc)}") from exc
 

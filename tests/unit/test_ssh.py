@@ -27,6 +27,7 @@ from servekeeper.ssh import (
     HostConnection,
     HostKeyRefused,
     HostUnreachable,
+    SessionRefused,
     SshError,
     Versions,
     controller_versions,
@@ -184,3 +185,17 @@ async def test_a_write_that_fails_leaves_the_file_as_it_was_and_no_temporary(tmp
         await connection.write_file(str(path), b"token-2")
     assert path.read_text() == "token-1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["auth_token"]
+
+
+async def test_a_host_that_refuses_sftp_says_so_and_is_not_retried_as_a_lost_connection(tmp_path: Path) -> None:
+    connection = HostConnection(a_host())
+    fake = FakeSshConnection()
+
+    def refuse() -> None:
+        raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "Session request failed")
+
+    fake.start_sftp_client = refuse  # type: ignore[method-assign,assignment]
+    connection._connection = fake  # type: ignore[assignment]
+    with pytest.raises(SessionRefused, match="refused an SFTP session .*sftp subsystem") as refused:
+        await connection.write_file(str(tmp_path / "auth_token"), b"token")
+    assert not refused.value.retryable and not fake.closed  # the login itself stays usable
