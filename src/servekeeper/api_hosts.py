@@ -14,9 +14,9 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
-from servekeeper.core.placement import node_needs
+from servekeeper.core.placement import nodes_taking_room
 from servekeeper.hostpool import HostPoolRecord, HostSpec, parse_host_pool
-from servekeeper.spec import RayClusterConfigSpec, SpecError
+from servekeeper.spec import SpecError
 from servekeeper.ssh import (
     AuthenticationRefused,
     HostKeyRefused,
@@ -37,13 +37,13 @@ Usage = dict[str, list[dict[str, Any]]]  # host name -> the nodes of clusters pl
 
 
 def usage(store: Store, pool: str) -> Usage:
-    """What each cluster's nodes take of each host of `pool` (pending and draining ones too)."""
+    """What each cluster's nodes take of each host of `pool` (pending and draining ones too; a
+    node of a deleted cluster until it is stopped)."""
     used: Usage = {}
     for cluster in store.list_clusters():
-        if cluster.pool != pool or not cluster.nodes:
+        if cluster.pool != pool:
             continue
-        needs = node_needs(RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json))
-        for node, need in zip(cluster.nodes, needs, strict=False):
+        for node, need in nodes_taking_room(cluster):
             used.setdefault(node.host, []).append(
                 {
                     "cluster": cluster.name,

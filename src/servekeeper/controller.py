@@ -715,11 +715,7 @@ class Controller:
             # cluster's start does): stopped before that, the node would outlive its record.
             await asyncio.wait({after})
             cluster = self.store.get_cluster(cluster.name) or cluster
-        leftovers: list[int] | list[str]
-        if cluster.pool is not None:
-            leftovers = await self.pools.stop(cluster)
-        else:
-            leftovers = await self.provider.stop(cluster)
+        leftovers = await self._stop_any(cluster)
         if leftovers:
             self.store.add_events(
                 [
@@ -768,7 +764,12 @@ class Controller:
 
     async def _stop_any(self, cluster: ClusterRecord) -> list[int] | list[str]:
         if cluster.pool is not None:
-            return await self.pools.stop(cluster)
+
+            def record(updated: ClusterRecord) -> None:  # a node stopped: its room is free again
+                with contextlib.suppress(KeyError):
+                    self.store.update_cluster(updated.name, nodes=updated.nodes)
+
+            return await self.pools.stop(cluster, record)
         return await self.provider.stop(cluster)
 
     def status_snapshot(self, name: str) -> Observation | None:

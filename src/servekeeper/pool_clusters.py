@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, place
+from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, nodes_taking_room, place
 from servekeeper.dataplane import Endpoint
 from servekeeper.hostpool import HostPoolSpec, HostSpec
 from servekeeper.providers.base import ProviderError
@@ -133,9 +133,8 @@ class PoolClusters:
         reserved: set[int] = set()
         for other in self.store.list_clusters():
             reserved.update(other.ports.all_ports())
-            if other.pool == config.hostPool and other.nodes:
-                needs = node_needs(RayClusterConfigSpec.model_validate_json(other.cluster_spec_json))
-                placed += [(node.host, need) for node, need in zip(other.nodes, needs, strict=False)]
+            if other.pool == config.hostPool:
+                placed += [(node.host, need) for node, need in nodes_taking_room(other)]
         ssh = self.ssh(config.hostPool)
         chosen = place(node_needs(config), free_room(rooms, placed))
         unreachable: set[str] = set()
@@ -303,24 +302,34 @@ class PoolClusters:
         self._liveness[cluster.name] = (pids, now, result)
         return result
 
-    async def stop(self, cluster: ClusterRecord) -> list[str]:
-        """Stop every node (those never recorded as running too, by their tag); what could not
-        be stopped, described (empty when all is gone)."""
+    async def stop(self, cluster: ClusterRecord, record: Callable[[ClusterRecord], None] | None = None) -> list[str]:
+        """Stop every node not stopped yet (those never recorded as running too, by their tag);
+        what could not be stopped, described (empty when all is gone). Each node stopped for sure
+        is recorded as such at once, so that its room counts as free while others still resist."""
         if cluster.pool is None or not cluster.nodes:
             return []
         try:
             ssh = self.ssh(cluster.pool)
         except Shortfall as exc:
             return [str(exc)]
+        nodes = list(cluster.nodes)
 
-        async def stop(node: NodePlacement) -> list[str]:
+        async def stop(index: int) -> list[str]:
+            node = nodes[index]
+            if node.stopped:
+                return []
             try:
                 left = await ssh.stop(_remote(node))
             except (NodeUnreachable, SshError, ProviderError) as exc:
                 return [f"{node.role} node on {node.host}: {exc}"]
-            return [f"{node.host}:{pid}" for pid in left]
+            if left:
+                return [f"{node.host}:{pid}" for pid in left]
+            nodes[index] = replace(node, stopped=True)
+            if record is not None:
+                record(cluster.with_changes(nodes=tuple(nodes)))
+            return []
 
-        leftovers = [item for items in await asyncio.gather(*(stop(n) for n in cluster.nodes)) for item in items]
+        leftovers = [item for items in await asyncio.gather(*(stop(i) for i in range(len(nodes)))) for item in items]
         if not leftovers:
             for host in sorted({node.host for node in cluster.nodes}):
                 try:  # its token file and logs on the host; nothing runs there any more

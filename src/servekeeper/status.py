@@ -241,7 +241,8 @@ class CanaryState:
 @dataclass(frozen=True)
 class NodePlacement:
     """One node of a cluster on a pool's host: where it goes (written before it starts), and
-    the `ray start` process once it runs (its pid is also its session id on that host)."""
+    the `ray start` process once it runs (its pid is also its session id on that host), and
+    whether a deletion stopped it for sure (it takes no room on its host any more)."""
 
     host: str
     address: str
@@ -250,6 +251,7 @@ class NodePlacement:
     temp_dir: str
     pid: int | None = None
     session_id: int | None = None
+    stopped: bool = False  # absent from rows written before it: False
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "ports": self.ports.__dict__}

@@ -6,21 +6,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from servekeeper.api_hosts import usage
 from servekeeper.controller import Controller
 from servekeeper.hostpool import parse_host_pool
 from servekeeper.pool_clusters import PoolClusters
+from servekeeper.ports import PortAllocator
+from servekeeper.spec import RayClusterConfigSpec
 from servekeeper.ssh import CommandFailed, HostKeyRefused
-from servekeeper.status import ClusterRole
+from servekeeper.status import ClusterRecord, ClusterRole, NodePlacement
 from servekeeper.store import Store
 from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe
 from tests.unit.ssh_fakes import FakeFleet, pool_document
 from tests.unit.test_controller import NAME, World, make_spec
+from tests.unit.test_ssh import PORTS
 
 
 class PoolWorld(World):
@@ -157,3 +162,69 @@ async def test_a_delete_during_a_launch_stops_the_node_once_it_is_recorded(world
     assert world.store.get_cluster(pending.name) is None
     head = next(node for node in world.fleet.stopped[stops_before:] if node.role == "head")
     assert head.pid > 0  # stopped by the pid the start recorded
+
+
+# -- a partly stopped cluster ------------------------------------------------------------------------
+
+
+def draft(name: str, config: RayClusterConfigSpec) -> ClusterRecord:
+    return ClusterRecord(
+        name=name,
+        service=name,
+        generation=1,
+        cluster_spec_hash="h",
+        cluster_spec_json=config.model_dump_json(),
+        role=ClusterRole.PENDING,
+        ports=PortAllocator([]).cluster(worker_nodes=config.worker_count()),
+        temp_dir="/tmp/sk-x",
+        log_dir="/tmp/sk-x-logs",
+        created_at=0.0,
+    )
+
+
+async def started(pools: PoolClusters, store: Store, name: str, config: RayClusterConfigSpec) -> ClusterRecord:
+    cluster = await pools.new_record(draft(name, config), config)
+    store.put_cluster(cluster)
+
+    def record(updated: ClusterRecord) -> None:
+        store.update_cluster(updated.name, nodes=updated.nodes)
+
+    await pools.start(cluster, config, record)
+    return store.get_cluster(name)  # type: ignore[return-value]
+
+
+async def test_a_node_stopped_for_sure_frees_its_room_while_another_resists(tmp_path: Path, store: Store) -> None:
+    store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4), ("b", 4))).to_json(), 1.0)
+    fleet = FakeFleet()
+    pools = PoolClusters(store, tmp_path, ssh_nodes=fleet)
+    whole_pool = pool_spec(workers=1, cpus=4).spec.rayClusterConfig
+    old = await started(pools, store, "old", whole_pool)
+    head, worker = old.nodes
+    assert (head.host, worker.host) == ("a", "b")
+    fleet.leftovers[worker.temp_dir] = [4242]  # survives SIGKILL on b
+
+    def record(updated: ClusterRecord) -> None:
+        store.update_cluster(updated.name, nodes=updated.nodes)
+
+    assert await pools.stop(old, record) == ["b:4242"]
+    head, worker = store.get_cluster("old").nodes  # type: ignore[union-attr]
+    assert head.stopped and not worker.stopped  # the cluster stays on record: b still runs a node of it
+    assert [(host, [u["cluster"] for u in used]) for host, used in usage(store, "fleet").items()] == [("b", ["old"])]
+
+    one_host = pool_spec(workers=0, cpus=4).spec.rayClusterConfig
+    new = await pools.new_record(draft("new", one_host), one_host)
+    assert [node.host for node in new.nodes] == ["a"]  # the room the stopped head left
+
+    del fleet.leftovers[worker.temp_dir]
+    stops = len(fleet.stopped)
+    assert await pools.stop(store.get_cluster("old"), record) == []  # type: ignore[arg-type]
+    assert [node.temp_dir for node in fleet.stopped[stops:]] == [worker.temp_dir]  # the head is not stopped again
+    await pools.close()
+
+
+def test_a_node_stored_before_the_stopped_flag_reads_as_not_stopped() -> None:
+    node = NodePlacement("a", "10.0.0.11", "head", PORTS, "/tmp/servekeeper/c/n0", pid=5, session_id=5)
+    stored = node.to_json()
+    del stored["stopped"]
+    assert NodePlacement.from_json(stored) == node and not node.stopped
+    assert NodePlacement.from_json(replace(node, stopped=True).to_json()).stopped

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servekeeper.spec import RayClusterConfigSpec, ServiceSpec
+from servekeeper.status import ClusterRecord, NodePlacement
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,15 @@ def node_needs(config: RayClusterConfigSpec) -> list[NodeNeed]:
         need = NodeNeed(path, "worker", group.numCpus, group.numGpus or 0, group.memory or 0, group.host)
         needs += [need] * group.replicas
     return needs
+
+
+def nodes_taking_room(cluster: ClusterRecord) -> list[tuple[NodePlacement, NodeNeed]]:
+    """A pool cluster's nodes that take room on their hosts, each with what it needs: every node
+    placed (pending, running, draining, being deleted) until it is stopped for sure."""
+    if not cluster.nodes:
+        return []
+    needs = node_needs(RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json))
+    return [(node, need) for node, need in zip(cluster.nodes, needs, strict=False) if not node.stopped]
 
 
 def free_room(hosts: list[HostRoom], placed: list[tuple[str, NodeNeed]]) -> dict[str, HostRoom]:
