@@ -460,7 +460,7 @@ class Controller:
                     self._shortfalls[service.name] = str(exc)
                     return
                 self._shortfalls.pop(service.name, None)
-                self.store.put_cluster(cluster)  # intent first
+                self.pools.put_new(cluster)  # intent first (and the cluster's token)
         else:
             self.store.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown
         self.hooks.reached("cluster-intent-written", cluster)

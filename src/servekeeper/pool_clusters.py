@@ -35,7 +35,7 @@ from servekeeper.providers.ssh_nodes import (
     worker_argv,
 )
 from servekeeper.spec import HeadGroupSpec, RayClusterConfigSpec
-from servekeeper.ssh import CommandTimeout, SshError
+from servekeeper.ssh import CommandTimeout, HostConnection, SshError
 from servekeeper.status import ClusterPorts, ClusterRecord, NodePlacement
 from servekeeper.store import Store
 
@@ -96,6 +96,7 @@ class PoolClusters:
         # Held from a placement's snapshot of the pool until its record is stored: two clusters
         # created at once must not take the same room and the same ports.
         self.creating = asyncio.Lock()
+        self._closing: set[asyncio.Future[list[BaseException | None]]] = set()  # connections of a changed pool
 
     # -- the pool ----------------------------------------------------------------------------------
 
@@ -106,17 +107,35 @@ class PoolClusters:
         return record.spec()
 
     def ssh(self, pool_name: str) -> SshNodes:
-        pool = self.pool(pool_name)
-        spec_json = pool.to_json()
+        """The pool's connections; when its spec changed, new ones for the hosts that changed
+        (the old ones closed in the background); none when it was deleted."""
         cached = self._nodes.get(pool_name)
+        try:
+            pool = self.pool(pool_name)
+        except Shortfall:
+            if cached is not None:
+                del self._nodes[pool_name]
+                self._close_soon(cached[1].retire())
+            raise
+        spec_json = pool.to_json()
         if cached is None or cached[0] != spec_json:
-            self._nodes[pool_name] = (spec_json, self._ssh_nodes(pool.spec.hosts))
+            nodes = self._ssh_nodes(pool.spec.hosts)
+            if cached is not None:
+                self._close_soon(nodes.adopt(cached[1]))
+            self._nodes[pool_name] = (spec_json, nodes)
         return self._nodes[pool_name][1]
+
+    def _close_soon(self, connections: list[HostConnection]) -> None:
+        if connections:
+            task = asyncio.ensure_future(asyncio.gather(*(c.close() for c in connections), return_exceptions=True))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         for _, nodes in self._nodes.values():
             await nodes.close()
         self._nodes.clear()
+        await asyncio.gather(*self._closing)
 
     # -- a new cluster -----------------------------------------------------------------------------
 
@@ -185,8 +204,17 @@ class PoolClusters:
             for index, (host, ports) in enumerate(zip(chosen, node_ports, strict=True))
         )
         cluster_ports = ClusterPorts(gcs, dashboard, client_server, serve_http, serve_grpc, tuple(node_ports))
-        save_cluster_token(self.token_dir, draft.name, new_cluster_token())
         return draft.with_changes(pool=config.hostPool, nodes=nodes, ports=cluster_ports)
+
+    def put_new(self, cluster: ClusterRecord) -> None:
+        """Store a new cluster's record (from `new_record`) and save its token with it: the token
+        file goes again if the record could not be stored, so that none outlives its cluster."""
+        path = save_cluster_token(self.token_dir, cluster.name, new_cluster_token())
+        try:
+            self.store.put_cluster(cluster)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
 
     async def _unreachable(self, ssh: SshNodes, hosts: list[str]) -> set[str]:
         """The hosts that do not answer now (placed without them: they may come back); a host

@@ -147,6 +147,7 @@ class HostConnection:
         self.command_timeout = command_timeout
         self._connection: asyncssh.SSHClientConnection | None = None
         self._lock = asyncio.Lock()
+        self._retired = False
 
     @property
     def where(self) -> str:
@@ -164,8 +165,15 @@ class HostConnection:
             connection.close()
             await connection.wait_closed()
 
+    def retire(self) -> None:
+        """No new connection from here on (the host's entry in its pool changed and another
+        object serves it): a call that still comes gets HostUnreachable. Close it after."""
+        self._retired = True
+
     async def _connect(self) -> asyncssh.SSHClientConnection:
         async with self._lock:
+            if self._retired:
+                raise HostUnreachable(self.where, "its entry in the host pool changed; this connection is retired")
             if self._connection is not None and not self._connection.is_closed():
                 return self._connection
             ssh = self.host.ssh

@@ -5,6 +5,7 @@ when a delete comes during a launch, and what a partly stopped cluster still tak
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -16,14 +17,15 @@ import pytest
 from servekeeper.api_hosts import usage
 from servekeeper.controller import Controller
 from servekeeper.hostpool import parse_host_pool
-from servekeeper.pool_clusters import PoolClusters
+from servekeeper.pool_clusters import PoolClusters, Shortfall
 from servekeeper.ports import PortAllocator
+from servekeeper.providers.ssh_nodes import read_cluster_token
 from servekeeper.spec import RayClusterConfigSpec
-from servekeeper.ssh import CommandFailed, HostKeyRefused
+from servekeeper.ssh import CommandFailed, HostKeyRefused, HostUnreachable
 from servekeeper.status import ClusterRecord, ClusterRole, NodePlacement
 from servekeeper.store import Store
 from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe
-from tests.unit.ssh_fakes import FakeFleet, pool_document
+from tests.unit.ssh_fakes import FakeFleet, FakeSshConnection, pool_document
 from tests.unit.test_controller import NAME, World, make_spec
 from tests.unit.test_ssh import PORTS
 
@@ -184,7 +186,7 @@ def draft(name: str, config: RayClusterConfigSpec) -> ClusterRecord:
 
 async def started(pools: PoolClusters, store: Store, name: str, config: RayClusterConfigSpec) -> ClusterRecord:
     cluster = await pools.new_record(draft(name, config), config)
-    store.put_cluster(cluster)
+    pools.put_new(cluster)
 
     def record(updated: ClusterRecord) -> None:
         store.update_cluster(updated.name, nodes=updated.nodes)
@@ -228,3 +230,56 @@ def test_a_node_stored_before_the_stopped_flag_reads_as_not_stopped() -> None:
     del stored["stopped"]
     assert NodePlacement.from_json(stored) == node and not node.stopped
     assert NodePlacement.from_json(replace(node, stopped=True).to_json()).stopped
+
+
+# -- what is left behind -----------------------------------------------------------------------------
+
+
+async def test_a_changed_pool_closes_the_connections_of_hosts_that_changed(tmp_path: Path, store: Store) -> None:
+    store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4), ("b", 4))).to_json(), 1.0)
+    pools = PoolClusters(store, tmp_path)  # the real SshNodes, over fake asyncssh connections
+    before = pools.ssh("fleet")
+    to_a, to_b = before.connection("a"), before.connection("b")
+    open_a, open_b = FakeSshConnection(), FakeSshConnection()
+    to_a._connection, to_b._connection = open_a, open_b  # type: ignore[assignment]
+
+    more = pool_document(("a", 4), ("b", 8))  # b changed
+    store.apply_host_pool("fleet", parse_host_pool(more).to_json(), 2.0)
+    after = pools.ssh("fleet")
+    assert after is not before and after.connection("a") is to_a  # unchanged host: the same connection
+    assert after.connection("b") is not to_b
+    for _ in range(100):
+        if open_b.closed:
+            break
+        await asyncio.sleep(0.001)
+    assert open_b.closed and not open_a.closed
+    with pytest.raises(HostUnreachable, match="retired"):  # a call still under way on the old one
+        await to_b.run(["true"])
+
+    store.delete_host_pool("fleet")
+    with pytest.raises(Shortfall):
+        pools.ssh("fleet")
+    await pools.close()
+    assert open_a.closed
+
+
+async def test_the_token_is_saved_with_the_record_and_goes_if_storing_fails(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4))).to_json(), 1.0)
+    pools = PoolClusters(store, tmp_path, ssh_nodes=FakeFleet())
+    config = pool_spec(workers=0, cpus=1).spec.rayClusterConfig
+    cluster = await pools.new_record(draft("c1", config), config)
+    assert not (tmp_path / "tokens" / "c1.token").exists()  # placed, not stored: no token yet
+
+    def disk_full(cluster: ClusterRecord) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(store, "put_cluster", disk_full)
+    with pytest.raises(sqlite3.OperationalError):
+        pools.put_new(cluster)
+    assert not (tmp_path / "tokens" / "c1.token").exists()
+    monkeypatch.undo()
+    pools.put_new(cluster)
+    assert store.get_cluster("c1") is not None and len(read_cluster_token(tmp_path / "tokens", "c1")) == 64
+    await pools.close()

@@ -310,6 +310,26 @@ class SshNodes:
             self._connections[name] = HostConnection(self.host(name))
         return self._connections[name]
 
+    def adopt(self, old: SshNodes) -> list[HostConnection]:
+        """Take over `old`'s connections to the hosts whose entry is the same here (a call on
+        them may be under way); the others are retired and returned, for the caller to close."""
+        retired = []
+        for name, connection in old._connections.items():
+            if self._hosts.get(name) == connection.host and name not in self._connections:
+                self._connections[name] = connection
+            else:
+                connection.retire()
+                retired.append(connection)
+        return retired
+
+    def retire(self) -> list[HostConnection]:
+        """Every connection, retired (its pool is gone), for the caller to close."""
+        connections = list(self._connections.values())
+        for connection in connections:
+            connection.retire()
+        self._connections.clear()
+        return connections
+
     async def close(self) -> None:
         for connection in self._connections.values():
             await connection.close()
