@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -430,9 +431,30 @@ def parse_spec(document: Any) -> ServiceSpec:
     if not isinstance(document, dict):
         raise SpecError([f"(document): expected a mapping, got {type(document).__name__}"])
     try:
-        return ServiceSpec.model_validate(document)
+        spec = ServiceSpec.model_validate(document)
     except ValidationError as exc:
         raise SpecError(_format_errors(exc)) from exc
+    problems = _fractional_resource_problems(spec.spec.rayClusterConfig)
+    if problems:
+        raise SpecError(problems)
+    return spec
+
+
+def _fractional_resource_problems(config: RayClusterConfigSpec) -> list[str]:
+    """`ray start --num-cpus` and `--num-gpus` take whole numbers: a fraction would fail every
+    node's start. Checked when a spec is applied, not when a stored one is read (the model
+    allows fractions), so that a spec stored before this check still loads and can be replaced."""
+    groups: list[tuple[str, HeadGroupSpec]] = [("spec.rayClusterConfig.head", config.head)]
+    groups += [(f"spec.rayClusterConfig.workerGroups.{i}", group) for i, group in enumerate(config.workerGroups)]
+    problems = []
+    for path, group in groups:
+        for field, value, flag in (("numCpus", group.numCpus, "num-cpus"), ("numGpus", group.numGpus, "num-gpus")):
+            if value is not None and value != int(value):
+                problems.append(
+                    f"{path}.{field}: {value:g} is not a whole number: `ray start --{flag}` takes an integer; "
+                    f"use {math.ceil(value)} (a deployment's share of a node goes in its ray_actor_options)"
+                )
+    return problems
 
 
 def load_spec_text(text: str, base_dir: Path | None = None) -> ServiceSpec:

@@ -76,8 +76,8 @@ def _spec(**body: Any) -> ServiceSpec:
                     "rayStartParams": {"object-store-memory": 100000000, "include-log-monitor": False},
                 },
                 "workerGroups": [
-                    {"name": "gpu", "replicas": 2, "numCpus": 0.5, "numGpus": 1, "memory": 1000},
-                    {"name": "cpu", "replicas": 0, "numCpus": 3, "numGpus": 0.25},
+                    {"name": "gpu", "replicas": 2, "numCpus": 2, "numGpus": 1, "memory": 1000},
+                    {"name": "cpu", "replicas": 0, "numCpus": 3, "numGpus": 0},
                 ],
             },
             "serveConfig": {
@@ -130,7 +130,7 @@ def test_manifest_shape() -> None:
     gpu = cluster["workerGroupSpecs"][0]
     assert (gpu["groupName"], gpu["replicas"], gpu["minReplicas"], gpu["maxReplicas"]) == ("gpu", 2, 2, 2)
     assert gpu["template"]["spec"]["containers"][0]["resources"]["limits"] == {
-        "cpu": "1",
+        "cpu": "2",
         "memory": "1000",
         "nvidia.com/gpu": "1",
     }

@@ -188,7 +188,8 @@ def test_is_kuberay() -> None:
         pytest.param({"limits": {"cpu": "500m"}}, {}, (1, None, None), id="cpu-limit-rounded-up"),
         pytest.param({"requests": {"cpu": "2"}}, {}, (2, None, None), id="cpu-request-without-limit"),
         pytest.param({"limits": {"cpu": "3"}, "requests": {"cpu": "1"}}, {}, (3, None, None), id="limit-over-request"),
-        pytest.param({"limits": {"cpu": "2"}}, {"num-cpus": "0.5"}, (0.5, None, None), id="start-param-wins"),
+        pytest.param({"limits": {"cpu": "2"}}, {"num-cpus": "3"}, (3, None, None), id="start-param-wins"),
+        pytest.param({"limits": {"cpu": "2"}}, {"num-cpus": "0.5"}, (1, None, None), id="fraction-rounded"),
         pytest.param({"limits": {"memory": "1Gi"}, "requests": {"memory": "2Gi"}}, {}, (1, 2**30, None), id="memory"),
         pytest.param({"requests": {"memory": "1Gi"}}, {}, (1, None, None), id="memory-request-unused"),
         pytest.param({"limits": {"nvidia.com/gpu": "2"}}, {}, (1, None, 2), id="gpu"),
@@ -206,6 +207,25 @@ def test_resources_map_as_kuberay_does(
     document["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"] = resources
     group = run_import([document]).spec.spec.rayClusterConfig.head
     assert (group.numCpus, group.memory, group.numGpus) == expected
+
+
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        pytest.param("rayStartParams", f"{HEAD_PATH}.rayStartParams.num-cpus", id="start-param"),
+        pytest.param("resources", f"{HEAD_PATH}.resources.cpu", id="group-resources"),
+    ],
+)
+def test_a_fraction_of_a_cpu_is_rounded_up_with_a_note(where: str, path: str) -> None:
+    """`ray start --num-cpus` takes whole CPUs: KubeRay would pass 0.5 and the node would not
+    start; servekeeper's import starts it with 1 (what Ray makes of a container limit of 500m)."""
+    document = minimal()
+    key = "num-cpus" if where == "rayStartParams" else "cpu"
+    document["spec"]["rayClusterConfig"]["headGroupSpec"][where] = {key: "500m"}
+    result = run_import([document])
+    assert result.spec.spec.rayClusterConfig.head.numCpus == 1
+    [note] = [n for n in result.notes if n.path == path]
+    assert note.kind == NoteKind.CHANGED and note.message.startswith("0.5 rounded up to 1")
 
 
 def test_quantities_and_durations() -> None:

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servekeeper.spec import SpecError, load_spec_file, load_spec_text, parse_spec
+from servekeeper.spec import ServiceSpec, SpecError, load_spec_file, load_spec_text, parse_spec
 
 VALID: dict[str, Any] = {
     "apiVersion": "servekeeper/v1alpha1",
@@ -168,3 +168,23 @@ def test_validation_accepts_or_rejects_with_a_message_never_crashes(path: str, v
         assert exc.problems and all(isinstance(p, str) and ": " in p for p in exc.problems)
     else:
         assert spec.name and spec.cluster_spec_hash() and spec.serve_config_hash()
+
+
+def test_a_fraction_of_a_cpu_or_gpu_per_node_is_refused_at_apply_by_field() -> None:
+    """`ray start --num-cpus/--num-gpus` take integers: a node given 0.5 would never start."""
+    document = with_change("spec.rayClusterConfig.head.numCpus", 0.5)
+    document["spec"]["rayClusterConfig"]["workerGroups"][0]["numGpus"] = 1.5
+    with pytest.raises(SpecError) as raised:
+        parse_spec(document)
+    assert [problem.split(":")[0] for problem in raised.value.problems] == [
+        "spec.rayClusterConfig.head.numCpus",
+        "spec.rayClusterConfig.workerGroups.0.numGpus",
+    ]
+    assert "use 1 " in raised.value.problems[0] and "use 2 " in raised.value.problems[1]
+    assert parse_spec(with_change("spec.rayClusterConfig.head.numCpus", 0)).spec.rayClusterConfig.head.numCpus == 0
+
+
+def test_a_stored_spec_with_a_fraction_still_loads() -> None:
+    """Stored before the check: the controller must still read it (to replace or delete it)."""
+    stored = ServiceSpec.model_validate(with_change("spec.rayClusterConfig.head.numCpus", 0.5)).to_json()
+    assert ServiceSpec.model_validate_json(stored).spec.rayClusterConfig.head.numCpus == 0.5

@@ -11,6 +11,7 @@ and the manifest file's folder (to resolve a relative `working_dir`).
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import re
 from collections.abc import Mapping
@@ -571,9 +572,12 @@ class _Importer:
     def resources(self, path: str, group: dict[str, Any], resources: dict[str, Any]) -> dict[str, Any]:
         """num-cpus, memory and num-gpus the way KubeRay derives them (controllers/ray/common/pod.go):
         the group's `resources` win, then rayStartParams, then the container's limits (for CPUs
-        the request when there is no limit), each rounded up to an integer like Quantity.Value()."""
+        the request when there is no limit), each rounded up to an integer like Quantity.Value().
+        A fraction of a CPU or GPU given as a Ray parameter is rounded up too (with a note):
+        `ray start` takes whole CPUs and GPUs, and would refuse it."""
         params_path = f"{path}.rayStartParams"
         params: dict[str, Any] = dict(_mapping(group.get("rayStartParams")))
+        sources = {key: f"{params_path}.{key}" for key in params}  # where each parameter was set
         for name, quantity in _mapping(group.get("resources")).items():
             key = str(name).lower()
             target = (
@@ -589,13 +593,14 @@ class _Importer:
                 self.refuse(f"{path}.resources.{name}", "custom Ray resources: set them with rayStartParams.resources")
                 continue
             params[target] = quantity
+            sources[target] = f"{path}.resources.{name}"
         limits = _mapping(resources.get("limits"))
         requests = _mapping(resources.get("requests"))
         result: dict[str, Any] = {}
         container_path = f"{path}.template.spec.containers[0].resources"
         try:
             if "num-cpus" in params:
-                result["numCpus"] = float(parse_quantity(params.pop("num-cpus")))
+                result["numCpus"] = self.whole(sources["num-cpus"], params.pop("num-cpus"), "num-cpus")
             elif limits.get("cpu") is not None:
                 result["numCpus"] = quantity_value(limits["cpu"])
             elif requests.get("cpu") is not None:
@@ -605,7 +610,7 @@ class _Importer:
             elif limits.get("memory") is not None:
                 result["memory"] = quantity_value(limits["memory"])
             if "num-gpus" in params:
-                result["numGpus"] = float(parse_quantity(params.pop("num-gpus")))
+                result["numGpus"] = self.whole(sources["num-gpus"], params.pop("num-gpus"), "num-gpus")
             else:
                 for name in sorted(limits):
                     if is_gpu_resource(name) and quantity_value(limits[name]) > 0:
@@ -621,6 +626,20 @@ class _Importer:
             passed[key] = _start_param_value(key, value)
         result["rayStartParams"] = passed
         return result
+
+    def whole(self, path: str, quantity: Any, flag: str) -> float:
+        """A CPU or GPU count for `ray start --{flag}`, rounded up to a whole number as Ray's
+        own container limits are; a fraction rounded is noted."""
+        exact = parse_quantity(quantity)
+        rounded = math.ceil(exact)
+        if rounded != exact:
+            self.note(
+                NoteKind.CHANGED,
+                path,
+                f"{float(exact):g} rounded up to {rounded}: `ray start --{flag}` takes a whole number "
+                "(a deployment's share of a node goes in its ray_actor_options)",
+            )
+        return float(rounded)
 
 
 def _start_param_value(key: str, value: Any) -> Any:
