@@ -36,7 +36,7 @@ from servekeeper.client import (
     read_api_info,
 )
 from servekeeper.daemon import DaemonError, configure_logging, run_daemon, start_detached
-from servekeeper.jobs import NoSuchCluster, env_lines, pick_cluster, submit_job
+from servekeeper.jobs import NoSuchCluster, env_lines, pick_cluster, pool_access, submit_job
 from servekeeper.kuberay.status import kuberay_service
 from servekeeper.secrets import SecretError, delete_secret, list_secrets, parse_pairs, secrets_dir, set_secret
 from servekeeper.store import StoreError
@@ -488,14 +488,22 @@ def job_submit(
     if cluster not in ("active", "pending"):
         errors.print("--cluster must be active or pending")
         raise typer.Exit(1)
+    client = _client(state_dir)
     with _shown_errors():
-        view = _client(state_dir).get(name)
+        view = client.get(name)
+    headers, python_dir = None, None
     try:
         target = pick_cluster(dict(view), cluster)
+        if target.get("hostPool"):
+            with _shown_errors():
+                pools = list(client.host_pools(str(target["hostPool"])))
+            headers, python_dir = pool_access(target, _state(state_dir), pools)
     except NoSuchCluster as exc:
-        errors.print(str(exc))
+        errors.print(str(exc), markup=False)
         raise typer.Exit(1) from exc
-    raise typer.Exit(submit_job(str(target["dashboardUrl"]), entrypoint, working_dir))
+    raise typer.Exit(
+        submit_job(str(target["dashboardUrl"]), entrypoint, working_dir, headers=headers, python_dir=python_dir)
+    )
 
 
 @app.command("env")
@@ -508,7 +516,7 @@ def env_command(
     with _shown_errors():
         view = _client(state_dir).get(name)
     try:
-        print("\n".join(env_lines(dict(view), cluster)))
+        print("\n".join(env_lines(dict(view), cluster, _state(state_dir))))
     except NoSuchCluster as exc:
         errors.print(str(exc))
         raise typer.Exit(1) from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import posixpath
 import shlex
 import sys
 from pathlib import Path
@@ -25,28 +26,78 @@ def pick_cluster(view: dict[str, Any], role: str) -> dict[str, Any]:
     return dict(cluster)
 
 
-def env_lines(view: dict[str, Any], role: str = "active") -> list[str]:
+def env_lines(view: dict[str, Any], role: str, state_dir: Path) -> list[str]:
     """`export` lines for a local driver. Ray rewrites a loopback bootstrap address to the host's
-    IP unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (the cluster listens on 127.0.0.1 only). Managed
-    clusters have no token auth yet, so there is no token to export."""
+    IP unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (a local cluster listens on 127.0.0.1 only).
+    A cluster on a host pool has token auth: its token file (the controller's) is exported."""
     cluster = pick_cluster(view, role)
+    address = f"export RAY_ADDRESS={shlex.quote(str(cluster['address']))}"
+    if not cluster.get("hostPool"):
+        return [
+            address,
+            "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0",
+            f"# dashboard {cluster['dashboardUrl']}, cluster {cluster['name']}; no token: a cluster on this "
+            "machine has no token auth",
+        ]
     return [
-        f"export RAY_ADDRESS={shlex.quote(str(cluster['address']))}",
-        "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0",
-        f"# dashboard {cluster['dashboardUrl']}, cluster {cluster['name']}; no token: managed clusters "
-        "have no token auth yet",
+        address,
+        "export RAY_AUTH_MODE=token",
+        f"export RAY_AUTH_TOKEN_PATH={shlex.quote(str(pool_token_path(cluster, state_dir)))}",
+        f"# dashboard {cluster['dashboardUrl']}, cluster {cluster['name']} on host pool {cluster['hostPool']}. "
+        "A ray.init() driver runs on a node of the cluster; from elsewhere use `servekeeper job submit`",
     ]
 
 
-def submit_job(dashboard_url: str, entrypoint: list[str], working_dir: Path, out: TextIO = sys.stdout) -> int:
+def pool_token_path(cluster: dict[str, Any], state_dir: Path) -> Path:
+    """The token file of a pool cluster on the controller's machine (under its state dir)."""
+    from servekeeper.providers.ssh_nodes import token_dir, token_file
+
+    return token_file(token_dir(state_dir), str(cluster["name"]))
+
+
+def pool_access(cluster: dict[str, Any], state_dir: Path, pools: list[dict[str, Any]]) -> tuple[dict[str, str], str]:
+    """What a job on a pool cluster needs: the headers of every call to its dashboard (its token,
+    read from the controller's state dir) and the directory of the Python that runs Ray on its
+    head host (from the host pool)."""
+    from servekeeper.providers.ssh_nodes import auth_headers
+
+    path = pool_token_path(cluster, state_dir)
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise NoSuchCluster(
+            f"cannot read the token of cluster {cluster['name']} at {path} ({exc.strerror}): run this where "
+            "the controller runs, as its user, with its --state-dir"
+        ) from exc
+    head = cluster.get("headHost")
+    hosts = [host for pool in pools for host in pool.get("hosts", []) if host.get("name") == head]
+    if not hosts:
+        raise NoSuchCluster(f"the head host {head!r} of cluster {cluster['name']} is not in its host pool")
+    return auth_headers(token), posixpath.dirname(str(hosts[0]["python"]))
+
+
+def submit_job(
+    dashboard_url: str,
+    entrypoint: list[str],
+    working_dir: Path,
+    out: TextIO = sys.stdout,
+    headers: dict[str, str] | None = None,
+    python_dir: str | None = None,
+) -> int:
     """Run `entrypoint` as a Ray job on the cluster (its driver runs on the head), with
-    `working_dir` uploaded as the job's working_dir; stream its logs; return its exit code."""
+    `working_dir` uploaded as the job's working_dir; stream its logs; return its exit code.
+    `headers` go with every call (a pool cluster's token); `python_dir` holds the Python that
+    runs Ray on the head (None: the head is this machine, and its Python is this one)."""
     from ray.job_submission import JobSubmissionClient  # slow to import: only for this command
 
-    client = JobSubmissionClient(dashboard_url)
+    client = JobSubmissionClient(dashboard_url, headers=headers)
     # `python` in the entrypoint must be the Python that runs Ray (as in KubeRay's Ray image), not
-    # whatever the head's PATH finds first: on this provider that is the Python servekeeper runs in.
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    # whatever the head's PATH finds first: on this machine the Python servekeeper runs in; on a
+    # pool's host its `python` (Ray expands ${PATH} to the head's own).
+    if python_dir is not None:
+        path = f"{python_dir}{os.pathsep}${{PATH}}"
+    else:
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     job_id = client.submit_job(
         entrypoint=shlex.join(entrypoint),
         runtime_env={"working_dir": str(working_dir.resolve()), "env_vars": {"PATH": path}},

@@ -32,6 +32,8 @@ from servekeeper.providers.ssh_nodes import (
     new_cluster_token,
     read_cluster_token,
     save_cluster_token,
+    token_dir,
+    token_file,
     worker_argv,
 )
 from servekeeper.spec import HeadGroupSpec, RayClusterConfigSpec
@@ -88,7 +90,7 @@ class PoolClusters:
     ) -> None:
         self.store = store
         self._ssh_nodes = ssh_nodes  # tests give a fake of the SSH side
-        self.token_dir = state_dir / "tokens"
+        self.token_dir = token_dir(state_dir)
         self._nodes: dict[str, tuple[str, SshNodes]] = {}  # pool -> (its spec json, its connections)
         self._tokens: dict[str, str] = {}
         # cluster -> (its node pids when read, when, the answer): a node started since is read anew
@@ -366,7 +368,7 @@ class PoolClusters:
                     logger.warning("[%s] could not remove its dir on %s: %s", cluster.name, host, exc)
             self._liveness.pop(cluster.name, None)
             self._tokens.pop(cluster.name, None)
-            (self.token_dir / f"{cluster.name}.token").unlink(missing_ok=True)
+            token_file(self.token_dir, cluster.name).unlink(missing_ok=True)
         return leftovers
 
 

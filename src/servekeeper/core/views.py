@@ -26,6 +26,8 @@ def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffi
         "role": cluster.role.value,
         "address": cluster.gcs_address,
         "dashboardUrl": cluster.dashboard_url,
+        "hostPool": cluster.pool,  # None: on the controller's machine
+        "headHost": cluster.nodes[0].host if cluster.nodes else None,
         "serveUrl": cluster.serve_url,
         "trafficPercent": traffic_percent,
         "headPid": cluster.head_pid,

@@ -222,10 +222,19 @@ def new_cluster_token() -> str:
     return secrets.token_hex(32)
 
 
+def token_dir(state_dir: Path) -> Path:
+    """Where the controller keeps its pool clusters' tokens (the CLI reads them there too)."""
+    return state_dir / "tokens"
+
+
+def token_file(directory: Path, cluster: str) -> Path:
+    return directory / f"{cluster}.token"
+
+
 def save_cluster_token(directory: Path, cluster: str, token: str) -> Path:
     """Store a cluster's token on the controller, readable by its owner only."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = directory / f"{cluster}.token"
+    path = token_file(directory, cluster)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as file:
         file.write(token)
@@ -234,7 +243,7 @@ def save_cluster_token(directory: Path, cluster: str, token: str) -> Path:
 
 
 def read_cluster_token(directory: Path, cluster: str) -> str:
-    return (directory / f"{cluster}.token").read_text().strip()
+    return token_file(directory, cluster).read_text().strip()
 
 
 def auth_headers(token: str) -> dict[str, str]:
