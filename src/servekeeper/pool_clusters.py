@@ -3,7 +3,12 @@ started, watched and stopped over SSH (`providers/ssh_nodes.py`).
 
 The controller writes a pool cluster's record (placement and ports) before any node starts,
 and each node's pid once it runs, so a restarted controller finds every node again. A node
-whose start was cut short is found by its tag and stopped before it is started again.
+whose start was cut short is found by its tag and stopped before it is started again; a start
+cancelled by a delete still records the node it was launching. A stop records each node it
+stopped for sure: its room is free again while the rest of the cluster may still resist.
+
+A host that does not answer is left out of placement (it may come back); one that refuses for
+good (host key, login, its python) fails the rollout with that error.
 """
 
 from __future__ import annotations
