@@ -6,13 +6,24 @@ through the ingress; N cluster upgrades in a row. Gate modes (benchmark-only, ne
 field): `ready` (the product), `healthy` (switch when the apps are healthy but not all RUNNING:
 the reference before its fix), `none` (switch as soon as the pending head is up).
 
+With `--host-pool FILE` the HostPool document in FILE is applied first and every cluster goes on
+that pool: a head and a worker group of two, so that spread placement gives a pool of three hosts
+a node on each, and at most one app replica per node. Each host needs room for two clusters at
+once with a head of 2 CPUs (3 CPUs a host). `bench.fleet_zero_downtime` runs this on a fleet of
+its own, next to the same on one host.
+
+For each upgrade the report has the time from the apply to TrafficSwitched and to the old
+cluster's ClusterDeleted (which includes `--deletion-delay`), from the daemon's events.
+
     .venv/bin/python -m bench.zero_downtime [--gate ready|healthy|none] [--upgrades 2] [--users 100]
+        [--host-pool pool.yaml]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import signal
@@ -23,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench.loadgen import exit_cleanly_on_sigterm
 from servekeeper.testing import Servekeeper, free_port, hello_spec, wait_until
 
@@ -30,24 +43,74 @@ RESULTS = Path(__file__).parent / "results"
 LOCUSTFILE = Path(__file__).parent / "locustfile.py"
 
 
-def spec(port: int, version: int, ready_delay: float, replicas: int) -> dict[str, Any]:
+def spec(
+    port: int, version: int, ready_delay: float, replicas: int, pool: str | None = None, deletion_delay: float = 60
+) -> dict[str, Any]:
     # Alternate the head's CPUs so that every version is a cluster-shape change (a new cluster).
-    document = hello_spec("zdt", port, msg=f"v{version}", head_cpus=1 + version % 2, ready_delay_s=ready_delay)
-    document["spec"]["serveConfig"]["applications"][0]["args"]["replicas"] = replicas
+    document = hello_spec(
+        "zdt",
+        port,
+        msg=f"v{version}",
+        head_cpus=1 + version % 2,
+        ready_delay_s=ready_delay,
+        rayClusterDeletionDelaySeconds=deletion_delay,
+    )
+    args = document["spec"]["serveConfig"]["applications"][0]["args"]
+    args["replicas"] = replicas
+    if pool is not None:
+        cluster = document["spec"]["rayClusterConfig"]
+        cluster["hostPool"] = pool
+        cluster["workerGroups"] = [{"name": "cpu", "replicas": 2, "numCpus": 1}]
+        args["max_replicas_per_node"] = 1  # the replicas spread over the nodes, so over the hosts
     return document
 
 
-def moments(sk: Servekeeper) -> list[tuple[float, str]]:
+def moments(sk: Servekeeper) -> list[tuple[float, str, str]]:
+    """(time, reason, message) of the service's switches and cluster deletions, oldest first."""
     with sk.db() as db:
         rows = db.execute(
-            "SELECT time, reason FROM events WHERE service = 'zdt' AND reason IN "
+            "SELECT time, reason, message FROM events WHERE service = 'zdt' AND reason IN "
             "('TrafficSwitched', 'ClusterDeleted') ORDER BY id"
         ).fetchall()
-    return [(float(t), str(reason)) for t, reason in rows]
+    return [(float(t), str(reason), str(message)) for t, reason, message in rows]
 
 
-def deleted_count(sk: Servekeeper) -> int:
-    return sum(1 for _, reason in moments(sk) if reason == "ClusterDeleted")
+def is_deletion_of(cluster: str, reason: str, message: str) -> bool:
+    return reason == "ClusterDeleted" and message.split(" ", 1)[0] == cluster  # "<name> stopped and removed"
+
+
+def cluster_deleted(sk: Servekeeper, cluster: str) -> bool:
+    return any(is_deletion_of(cluster, reason, message) for _, reason, message in moments(sk))
+
+
+def upgrade_times(
+    version: int, applied: float, old_cluster: str, since: list[tuple[float, str, str]]
+) -> dict[str, Any]:
+    """One upgrade's moments, in seconds from its apply: the first switch after it, and the
+    deletion of the cluster that was active at the apply."""
+    switched = next(t for t, reason, _ in since if reason == "TrafficSwitched")
+    deleted = next(t for t, reason, message in since if is_deletion_of(old_cluster, reason, message))
+    return {
+        "version": version,
+        "old_cluster": old_cluster,
+        "apply_to_switch_s": round(switched - applied, 2),
+        "apply_to_old_deleted_s": round(deleted - applied, 2),
+        "switch_to_old_deleted_s": round(deleted - switched, 2),
+    }
+
+
+def pool_name(path: Path) -> str:
+    document = yaml.safe_load(path.read_text())
+    if not isinstance(document, dict) or document.get("kind") != "HostPool":
+        raise SystemExit(f"{path}: not a HostPool document")
+    return str(document["metadata"]["name"])
+
+
+def result_name(args: argparse.Namespace) -> str:
+    """The results' file name without extension."""
+    if args.name:
+        return str(args.name)
+    return f"zero_downtime-{args.gate}-{args.upgrades}x" + ("-pool" if args.host_pool else "")
 
 
 def read_history(prefix: Path) -> list[dict[str, str]]:
@@ -82,6 +145,7 @@ def plot(history: list[dict[str, str]], marks: list[dict[str, Any]], title: str,
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     start = float(history[0]["Timestamp"])
     times = [float(row["Timestamp"]) - start for row in history]
@@ -101,7 +165,7 @@ def plot(history: list[dict[str, str]], marks: list[dict[str, Any]], title: str,
     for mark in marks:
         for axis in (top, bottom):
             axis.axvline(mark["t"] - start, color=colours[mark["kind"]], linestyle="--", linewidth=1)
-    handles = [plt.Line2D([], [], color=c, linestyle="--", label=k) for k, c in colours.items()]
+    handles = [Line2D([], [], color=c, linestyle="--", label=k) for k, c in colours.items()]
     top.legend(handles=top.get_legend_handles_labels()[0] + handles, loc="upper left", fontsize=8)
     figure.suptitle(title)
     figure.tight_layout()
@@ -115,11 +179,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     csv_prefix = Path(tempfile.mkdtemp()) / "locust"
     final_stats = csv_prefix.with_name("final.json")
     marks: list[dict[str, Any]] = []
+    upgrades: list[dict[str, Any]] = []
+    pool = pool_name(args.host_pool) if args.host_pool else None
     locust = None
+
+    def version_spec(version: int) -> dict[str, Any]:
+        return spec(port, version, args.ready_delay, args.replicas, pool, args.deletion_delay)
+
     try:
         sk.up(gate=args.gate)
-        sk.apply(spec(port, 1, args.ready_delay, args.replicas))
-        assert sk.wait("zdt", timeout=600) == 0, "the first rollout failed"
+        if args.host_pool:
+            sk.cli("apply", "-f", str(args.host_pool))
+        sk.apply(version_spec(1))
+        assert sk.wait("zdt", timeout=600) == 0, ("the first rollout failed", sk.api_get("zdt").get("failureReason"))
         locust = subprocess.Popen(
             [
                 sys.executable,
@@ -149,15 +221,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.settle)
         seen = len(moments(sk))
         for version in range(2, args.upgrades + 2):
-            marks.append({"kind": "apply", "t": time.time(), "version": version})
-            sk.apply(spec(port, version, args.ready_delay, args.replicas))
+            old_cluster = sk.api_get("zdt")["activeCluster"]["name"]
+            applied = time.time()
+            marks.append({"kind": "apply", "t": applied, "version": version})
+            sk.apply(version_spec(version))
             rc = sk.wait("zdt", timeout=600)
-            wait_until(lambda n=version - 1: deleted_count(sk) >= n, args.ready_delay + 120, "the old cluster to go")
-            for t, reason in moments(sk)[seen:]:
-                marks.append({"kind": "switch" if reason == "TrafficSwitched" else "old deleted", "t": t})
-            seen = len(moments(sk))
             if rc != 0:
-                raise AssertionError(f"upgrade to v{version} did not complete (wait exit {rc})")
+                failure = sk.api_get("zdt").get("failureReason")
+                raise AssertionError(f"upgrade to v{version} did not complete (wait exit {rc}): {failure}")
+            wait_until(
+                functools.partial(cluster_deleted, sk, old_cluster),
+                args.ready_delay + args.deletion_delay + 120,
+                f"the old cluster {old_cluster} to go",
+            )
+            since = moments(sk)[seen:]
+            for t, reason, _ in since:
+                marks.append({"kind": "switch" if reason == "TrafficSwitched" else "old deleted", "t": t})
+            seen += len(since)
+            upgrades.append(upgrade_times(version, applied, old_cluster, since))
         time.sleep(args.settle)
     finally:
         if locust is not None:
@@ -169,13 +250,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         leftovers = sk.down_and_check_nothing_left()
     totals = read_final(final_stats)
     history = read_history(csv_prefix)
-    name = f"zero_downtime-{args.gate}-{args.upgrades}x"
+    name = result_name(args)
     if not args.no_plot:
         plot(
             history,
             marks,
             f"{args.users} users, new connection per request, {args.upgrades} upgrades, "
-            f"gate={args.gate}: {totals['failures']} failed of {totals['requests']}",
+            f"gate={args.gate}{f', pool {pool}' if pool else ''}: {totals['failures']} failed of {totals['requests']}",
             args.out_dir / f"{name}.png",
         )
     return {
@@ -187,29 +268,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "spawn_rate": args.spawn_rate,
         "replica_ready_delay_s": args.ready_delay,
         "replicas": args.replicas,
+        "host_pool": pool,
+        "deletion_delay_s": args.deletion_delay,
         **totals,
+        "upgrades_timed": upgrades,
         "upgrade_moments": marks,
         "leftover_processes": leftovers,
         "plot": f"bench/results/{name}.png" if not args.no_plot else None,
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gate", choices=["ready", "healthy", "none"], default="ready")
+def add_experiment_arguments(parser: argparse.ArgumentParser, replicas: int = 2) -> None:
+    """The experiment's knobs (shared with bench.fleet_zero_downtime)."""
     parser.add_argument("--upgrades", type=int, default=2)
     parser.add_argument("--users", type=int, default=100)
     parser.add_argument("--spawn-rate", type=float, default=50)
     parser.add_argument("--ready-delay", type=float, default=15, help="seconds each replica sleeps before ready")
-    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--replicas", type=int, default=replicas, help="on a pool: at most one per node")
+    parser.add_argument("--deletion-delay", type=float, default=60, help="rayClusterDeletionDelaySeconds")
     parser.add_argument("--settle", type=float, default=10, help="seconds of load before and after the upgrades")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--no-plot", action="store_true")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gate", choices=["ready", "healthy", "none"], default="ready")
+    add_experiment_arguments(parser)
+    parser.add_argument("--host-pool", type=Path, help="a HostPool document: applied first, the service goes on it")
+    parser.add_argument("--name", help="the results' file name without extension (default from gate, upgrades, pool)")
     args = parser.parse_args()
     exit_cleanly_on_sigterm()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     report = run(args)
-    out = args.out_dir / f"zero_downtime-{args.gate}-{args.upgrades}x.json"
+    write_report(report, args.out_dir / f"{result_name(args)}.json")
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
     out.write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "upgrade_moments"}, indent=2))
 
