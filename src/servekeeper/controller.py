@@ -308,15 +308,20 @@ class Controller:
     async def _observe_cluster(
         self, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec
     ) -> ClusterObservation:
+        exited: tuple[int, ...] = ()  # of the dead workers, those known gone (restartable in place)
         if cluster.pool is not None:
-            alive, dead_workers, reason = await self.pools.liveness(cluster)
+            alive, dead_workers, reason, exited = await self.pools.liveness(cluster)
         else:
             alive, dead_workers, reason = await asyncio.to_thread(self._liveness, cluster)
         if not alive:
             return ClusterObservation(name=cluster.name, processes_alive=False, error=reason)
         if dead_workers:
             return ClusterObservation(
-                name=cluster.name, processes_alive=True, dead_workers=len(dead_workers), error=reason
+                name=cluster.name,
+                processes_alive=True,
+                dead_workers=len(dead_workers),
+                exited_workers=exited,
+                error=reason,
             )
         auth = self._auth(cluster)  # only now: a pool cluster that never started has no token
         capacity = None

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, nodes_taking_room, place
 from servekeeper.dataplane import Endpoint
@@ -55,6 +55,13 @@ LIVENESS_TIMEOUT_SECONDS = 4.0
 REACH_TIMEOUT_SECONDS = 5.0
 ALLOCATE_TIMEOUT_SECONDS = 20.0  # ports probed on each host: a host falling silent must not hold the tick
 T = TypeVar("T")
+
+
+class Liveness(NamedTuple):
+    head_alive: bool
+    dead_workers: list[int]
+    reason: str | None
+    exited_workers: tuple[int, ...] = ()  # of the dead: exited on a host that answered
 
 
 class Shortfall(Exception):
@@ -99,7 +106,7 @@ class PoolClusters:
         self._nodes: dict[str, tuple[str, SshNodes]] = {}  # pool -> (its spec json, its connections)
         self._tokens: dict[str, str] = {}
         # cluster -> (its node pids when read, when, the answer): a node started since is read anew
-        self._liveness: dict[str, tuple[tuple[int | None, ...], float, tuple[bool, list[int], str | None]]] = {}
+        self._liveness: dict[str, tuple[tuple[int | None, ...], float, Liveness]] = {}
         # Held from a placement's snapshot of the pool until its record is stored: two clusters
         # created at once must not take the same room and the same ports.
         self.creating = asyncio.Lock()
@@ -297,9 +304,11 @@ class PoolClusters:
             # so that the stop which follows the delete knows it (and stops it by its pid).
             cluster = await _to_the_end(launch(cluster, index, argv, token_path))
 
-    async def liveness(self, cluster: ClusterRecord) -> tuple[bool, list[int], str | None]:
-        """(head alive, dead workers' pids, why) like the local provider's checks; read at most
-        every LIVENESS_CACHE_SECONDS. A host that does not answer counts as a dead node."""
+    async def liveness(self, cluster: ClusterRecord) -> Liveness:
+        """Whether the head lives, which workers do not (and of those, which exited on a host
+        that answered: they can be started again there), and why, like the local provider's
+        checks; read at most every LIVENESS_CACHE_SECONDS. A host that does not answer counts as
+        a dead node, never as an exited one (its node may still run there)."""
         cached = self._liveness.get(cluster.name)
         now = time.monotonic()
         pids = tuple(node.pid for node in cluster.nodes)
@@ -309,31 +318,39 @@ class PoolClusters:
         try:
             ssh = self.ssh(cluster.pool)
         except Shortfall as exc:  # the pool was deleted under it: nothing can be looked at
-            return (False, [], str(exc))
+            return Liveness(False, [], str(exc))
         if not cluster.nodes:  # failed at placement: nothing was ever started
-            return (False, [], None)
+            return Liveness(False, [], None)
         started = [node for node in cluster.nodes if node.pid is not None]
 
-        async def alive(node: NodePlacement) -> tuple[bool, str]:
+        async def alive(node: NodePlacement) -> tuple[bool, str, bool]:
+            """(running, why not, exited for sure)"""
             try:
                 running = await asyncio.wait_for(ssh.alive(_remote(node)), LIVENESS_TIMEOUT_SECONDS)
-                return running, f"exited on host {node.host}"
+                return running, f"exited on host {node.host}", not running
             except asyncio.TimeoutError:
-                return False, f"host {node.host} did not answer within {LIVENESS_TIMEOUT_SECONDS:g}s"
+                return False, f"host {node.host} did not answer within {LIVENESS_TIMEOUT_SECONDS:g}s", False
             except (NodeUnreachable, SshError, ProviderError) as exc:  # ProviderError: host gone from the pool
-                return False, f"host {node.host} unreachable: {exc}"
+                return False, f"host {node.host} unreachable: {exc}", False
 
         answers = await asyncio.gather(*(alive(node) for node in started))
-        result: tuple[bool, list[int], str | None]
+        result: Liveness
         head = cluster.nodes[0]
         if head.pid is None:
-            result = (False, [], None)
+            result = Liveness(False, [], None)
         elif not answers[0][0]:
-            result = (False, [], f"head node {answers[0][1]}")
+            result = Liveness(False, [], f"head node {answers[0][1]}")
         else:
-            dead = [(node, why) for node, (ok, why) in zip(started[1:], answers[1:], strict=True) if not ok]
+            dead = [
+                (node, why, exited) for node, (ok, why, exited) in zip(started[1:], answers[1:], strict=True) if not ok
+            ]
             reason = f"worker node pid {dead[0][0].pid} {dead[0][1]}" if dead else None
-            result = (True, [node.pid for node, _ in dead if node.pid is not None], reason)
+            result = Liveness(
+                True,
+                [node.pid for node, _, _ in dead if node.pid is not None],
+                reason,
+                tuple(node.pid for node, _, exited in dead if exited and node.pid is not None),
+            )
         self._liveness[cluster.name] = (pids, now, result)
         return result
 

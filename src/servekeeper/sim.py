@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from servekeeper.core import actions as act
 from servekeeper.core.planner import Plan, plan
@@ -56,6 +56,8 @@ class SimCluster:
     target_capacity: float | None = None  # Serve's, as the last PUT set it
     capacity_at: float | None = None  # when it changed: the deployment scales for `scale_s`
     scale_s: float = 2.0
+    exited_workers: tuple[int, ...] = ()  # worker nodes (pids) whose process exited, until started again
+    silent_workers: int = 0  # worker nodes on hosts that do not answer (dead, maybe still running)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class SimWorld:
         self.actions: list[act.Action] = []
         self.submissions: list[str] = []
         self._ids = itertools.count(1)
+        self._pids = itertools.count(5000)
         self.forgotten = False
         # The ingress's per-backend counters (None: unreadable); grown by `serve_traffic`.
         self.counters: dict[str, BackendCounters] | None = {}
@@ -126,6 +129,14 @@ class SimWorld:
         behaviour = self.sim[cluster.name]
         if behaviour.started_at is None or not behaviour.head_alive:
             return ClusterObservation(name=cluster.name, processes_alive=False)
+        if behaviour.exited_workers or behaviour.silent_workers:
+            return ClusterObservation(
+                name=cluster.name,
+                processes_alive=True,
+                dead_workers=len(behaviour.exited_workers) + behaviour.silent_workers,
+                exited_workers=behaviour.exited_workers,
+                error="a worker node exited" if behaviour.exited_workers else "a worker's host is silent",
+            )
         if self.now - behaviour.started_at < behaviour.head_start_s:
             return ClusterObservation(name=cluster.name, processes_alive=True, error="starting")
         apps: dict[str, AppState] = dict(behaviour.extra_apps)
@@ -232,7 +243,14 @@ class SimWorld:
             template = self.behaviours[index] if index < len(self.behaviours) else self.default_behaviour
             self.sim[name] = SimCluster(**{**template.__dict__, "started_at": self.now, "config_at": None})
         elif isinstance(action, act.StartCluster):
-            self.clusters[action.cluster] = self.clusters[action.cluster].with_changes(head_pid=99)
+            cluster = self.clusters[action.cluster]
+            if cluster.head_pid is not None and cluster.nodes:  # the nodes not running: workers started anew
+                nodes = tuple(n if n.pid is not None else replace(n, pid=next(self._pids)) for n in cluster.nodes)
+                workers = tuple(n.pid for n in nodes[1:] if n.pid is not None)
+                self.clusters[action.cluster] = cluster.with_changes(nodes=nodes, worker_pids=workers)
+                self.sim[action.cluster].exited_workers = ()
+                return
+            self.clusters[action.cluster] = cluster.with_changes(head_pid=99)
             self.sim[action.cluster].started_at = self.now
         elif isinstance(action, act.SubmitConfig):
             cluster = self.clusters[action.cluster]

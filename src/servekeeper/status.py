@@ -428,6 +428,9 @@ class ClusterObservation:
     routes: frozenset[str] = frozenset()
     probes: tuple[ProbeState, ...] = ()
     dead_workers: int = 0
+    # Of those, the worker nodes (by pid) whose process is gone for sure: their host answered.
+    # They can be started again where they were; a silent host's node may still run there.
+    exited_workers: tuple[int, ...] = ()
     error: str | None = None
     # Which of the configs servekeeper submitted Ray runs now, judged from deployed_app_config.
     deployed_config_hash: str | None = None

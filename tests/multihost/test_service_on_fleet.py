@@ -5,6 +5,8 @@ upgrade under mixed load across the fleet. One daemon and one service for the mo
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -178,6 +180,43 @@ def test_a_worker_host_cut_off_under_load_costs_only_the_requests_in_flight_on_i
     assert longest_gap < 6, "the other nodes kept answering"
     assert lost.address not in answered_after and answered_after, "the cut host's replicas were out of the way"
     assert oks and oks[-1] > cut_at + 10, "answers all along the cut"
+
+
+def test_a_worker_node_killed_is_started_again_on_its_host_not_replaced_with_the_cluster(shared: Shared) -> None:
+    active = shared.active()
+    worker = next(node for node in node_records(shared, active["name"]) if node["role"] == "worker")
+    clients = 8
+    with Load(f"http://127.0.0.1:{shared.port}/node", clients=clients, timeout=10) as load:
+        wait_until(lambda: load.result.ok > 30, 30, "load to start")
+        killed_at = time.time()
+        for pid in tagged_pids([worker["temp_dir"]]):  # the node's raylet, workers, `ray start`: all at once
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: "WorkerRestarting" in shared.sk.events(NAME), 30, "the restart decision")
+
+        def restarted() -> bool:
+            now = next(n for n in node_records(shared, active["name"]) if n["temp_dir"] == worker["temp_dir"])
+            return now["pid"] not in (None, worker["pid"])
+
+        wait_until(restarted, 60, "the node started again")
+        wait_until(
+            lambda: (
+                {httpx.get(f"http://127.0.0.1:{shared.port}/node", timeout=10).text for _ in range(30)}
+                == {host.address for host in shared.fleet.hosts}
+            ),
+            120,
+            "replicas answering from the three nodes again",
+            interval=1,
+        )
+        back_at = time.time()
+        result = load.stop()
+    print(
+        f"worker node killed on {worker['host']}: answering from all three nodes again after "
+        f"{back_at - killed_at:.1f}s; {result.failed} of {result.failed + result.ok} requests failed "
+        f"({dict(result.failures)})"
+    )
+    assert shared.active()["name"] == active["name"], "the cluster was kept"
+    assert result.failed <= 2 * clients, result.failures
+    assert shared.sk.wait(NAME, timeout=60) == 0
 
 
 def node_records(shared: Shared, cluster: str) -> list[dict[str, Any]]:

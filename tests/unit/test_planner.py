@@ -16,6 +16,8 @@ from servekeeper.status import (
     AppStatus,
     ClusterRole,
     IngressRouteObservation,
+    NodePlacement,
+    NodePorts,
     Observation,
     SwitchGate,
 )
@@ -454,3 +456,64 @@ def test_a_declared_name_taken_by_an_imperative_app_is_never_overwritten() -> No
     assert world.submissions == []
     assert world.condition("RolloutFailed")
     assert any(e.reason == "RolloutFailed" and "NameConflict" in e.message for e in world.events)
+
+
+def _with_pool_nodes(world: SimWorld, name: str) -> list[NodePlacement]:
+    """Give a simulated cluster a head and two workers placed on hosts (as on a host pool)."""
+    ports = NodePorts(1, 2, 3, 4, 5, 6, 7, 8)
+    nodes = [
+        NodePlacement(f"h{i}", f"10.0.0.{i}", "head" if i == 0 else "worker", ports, f"/w/n{i}", 100 + i, 100 + i)
+        for i in range(3)
+    ]
+    world.clusters[name] = world.clusters[name].with_changes(nodes=tuple(nodes), head_pid=100, worker_pids=(101, 102))
+    return nodes
+
+
+def test_a_worker_node_that_exited_is_started_again_where_it_was_not_replaced_with_the_cluster() -> None:
+    world = rolled_out(SimWorld(make_spec(serviceUnhealthySecondThreshold=30)))
+    active = world.with_role(ClusterRole.ACTIVE)[0]
+    nodes = _with_pool_nodes(world, active.name)
+    world.sim[active.name].exited_workers = (102,)
+    decision = world.tick()
+    cleared = [a for a in decision.actions if isinstance(a, act.UpdateCluster) and "nodes" in a.changes]
+    assert cleared and cleared[0].changes["worker_pids"] == (101,)
+    restarted = cleared[0].changes["nodes"][2]
+    assert (restarted.host, restarted.temp_dir, restarted.pid) == ("h2", "/w/n2", None), "same place, not running"
+    assert cleared[0].changes["nodes"][:2] == tuple(nodes[:2]), "the others untouched"
+    assert kinds(decision.actions).index("StartCluster") > kinds(decision.actions).index("UpdateCluster")
+    assert any(e.reason == "WorkerRestarting" and "h2" in e.message for e in decision.events)
+    world.run_for(40)  # past the unhealthy threshold
+    assert world.with_role(ClusterRole.PENDING) == [] and world.with_role(ClusterRole.ACTIVE)[0].name == active.name
+    assert world.clusters[active.name].nodes[2].pid is not None and world.condition("Ready")
+    assert [e.reason for e in world.events].count("WorkerRestarting") == 1
+
+
+def test_only_worker_nodes_are_restarted_in_place_never_the_head() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    active = world.with_role(ClusterRole.ACTIVE)[0]
+    _with_pool_nodes(world, active.name)
+    world.sim[active.name].exited_workers = (100,)  # the head's pid: not a worker
+    assert not [a for a in world.tick().actions if isinstance(a, act.StartCluster)]
+
+
+def test_a_pending_cluster_whose_worker_exited_restarts_it_instead_of_failing_the_rollout() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    world.apply(make_spec(cpus=2))
+    world.run_for(2)
+    pending = world.with_role(ClusterRole.PENDING)[0]
+    _with_pool_nodes(world, pending.name)
+    world.sim[pending.name].exited_workers = (101,)
+    world.tick()
+    assert any(e.reason == "WorkerRestarting" for e in world.events)
+    world.run_for(20)
+    assert world.service.failure_reason is None
+    assert world.route is not None and world.route.active == pending.name
+    # A worker whose host fell silent (dead, not known to have exited) may not come back: fail.
+    world.apply(make_spec(cpus=3))
+    world.run_for(2)
+    doomed = world.with_role(ClusterRole.PENDING)[0]
+    _with_pool_nodes(world, doomed.name)
+    world.sim[doomed.name].silent_workers = 1
+    world.tick()
+    assert (world.service.failure_reason or "").startswith("WorkerDied"), world.service.failure_reason
+    assert [e.reason for e in world.events].count("WorkerRestarting") == 1

@@ -38,6 +38,7 @@ from servekeeper.status import (
     Condition,
     ConditionType,
     Event,
+    NodePlacement,
     Observation,
     ServiceRecord,
     SwitchGate,
@@ -210,7 +211,7 @@ class _Planner:
         if pending.head_pid is not None and not observed.processes_alive:
             cause = f": {observed.error}" if observed.error else ""
             return f"HeadDied: the head of pending cluster {pending.name} exited before it was ready{cause}"
-        if observed.dead_workers:
+        if observed.dead_workers > len(observed.exited_workers):  # one on a silent host: it may not come back
             return f"WorkerDied: pending cluster {pending.name}: {observed.error}"
         if pending.applied_config_hash == self.desired_config_hash and observed.apps is not None:
             for name, app in sorted(judged_apps(observed.apps, self.declared, self.all_apps).items()):
@@ -240,6 +241,8 @@ class _Planner:
         if failure is not None:
             self._fail_rollout(pending, failure)
             return
+        if observed.exited_workers:  # within the readiness timeout, a worker that exited gets another go
+            pending = self._restart_workers(pending, observed.exited_workers)
         active = self._one(ClusterRole.ACTIVE)
         if pending.canary is not None and active is not None:
             canary_tick(self, pending, active)  # analysis and commands go on whatever it looks like
@@ -395,6 +398,8 @@ class _Planner:
                 self._create(ClusterRole.PENDING, "FirstApply" if first else "NoActiveCluster")
             return
         observed = self._observed(active)
+        if observed.exited_workers:
+            active = self._restart_workers(active, observed.exited_workers)
         if active.abort_requested:
             # `abort` reached it while a tick was promoting it: say so, since abort was accepted.
             self._event(
@@ -436,6 +441,30 @@ class _Planner:
                 self._create(ClusterRole.PENDING, "ServeConfigChanged")
             elif observed.dashboard_ok:
                 self._apply_config(active, observed)
+
+    def _restart_workers(self, cluster: ClusterRecord, exited: tuple[int, ...]) -> ClusterRecord:
+        """Worker nodes whose process exited are started again where they were (as KubeRay
+        recreates a worker pod): the cluster is not replaced for a lost worker. Only nodes
+        recorded with their placement (a host pool's) can be; a node is forgotten as running
+        (pid cleared) in the same record write, so a crash after it starts it again once."""
+        gone = [node for node in cluster.nodes if node.role == "worker" and node.pid in exited]
+        if not gone:
+            return cluster
+        nodes = tuple(
+            NodePlacement(n.host, n.address, n.role, n.ports, n.temp_dir) if n in gone else n for n in cluster.nodes
+        )
+        pids = {node.pid for node in gone}
+        cluster = self._update_cluster(
+            cluster, nodes=nodes, worker_pids=tuple(p for p in cluster.worker_pids if p not in pids)
+        )
+        for node in gone:
+            self._event(
+                "WorkerRestarting",
+                f"worker node pid {node.pid} of {cluster.name} on host {node.host} exited; starting it again there",
+                warning=True,
+            )
+        self._do(StartCluster(cluster.name))
+        return cluster
 
     def _switch_back_to_kept(self, active: ClusterRecord) -> bool:
         """A cluster still kept after a switch (rollback window, or draining) already runs what
