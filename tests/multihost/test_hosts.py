@@ -157,6 +157,8 @@ def test_ports_are_probed_on_each_host(fleet: Fleet) -> None:
 LISTEN = """
 import socket, sys, time
 server = socket.socket()
+# An earlier test's node may have used the port: its closed connections linger in TIME_WAIT.
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 server.bind((sys.argv[1], int(sys.argv[2])))
 server.listen()
 print("listening", flush=True)
