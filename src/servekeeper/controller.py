@@ -315,6 +315,17 @@ class Controller:
             alive, dead_workers, reason = await asyncio.to_thread(self._liveness, cluster)
         if not alive:
             return ClusterObservation(name=cluster.name, processes_alive=False, error=reason)
+        if cluster.role == ClusterRole.ACTIVE and not dead_workers:
+            # A serving cluster's worker being started again (or whose start failed) is missing:
+            # unhealthy until it runs, so a worker that keeps dying cannot look healthy between tries.
+            missing = [n for n in cluster.nodes[1:] if n.pid is None and not n.stopped]
+            if missing:
+                return ClusterObservation(
+                    name=cluster.name,
+                    processes_alive=True,
+                    dead_workers=len(missing),
+                    error=f"worker node on host {missing[0].host} is not running (being started again)",
+                )
         if dead_workers:
             return ClusterObservation(
                 name=cluster.name,
@@ -393,6 +404,8 @@ class Controller:
             cluster = self.store.get_cluster(action.cluster)
             if cluster is not None:
                 self._start_cluster(cluster)
+        elif isinstance(action, act.RestartWorkers):
+            self._restart_workers(action)
         elif isinstance(action, act.SubmitConfig):
             await self._submit_config(action, service, spec, tick)
         elif isinstance(action, act.UpdateCluster):
@@ -493,9 +506,14 @@ class Controller:
 
     async def _start_pool_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         def record(updated: ClusterRecord) -> None:
-            self.store.update_cluster(
-                updated.name, nodes=updated.nodes, head_pid=updated.head_pid, worker_pids=updated.worker_pids
-            )
+            # Only the nodes this start launched, into the record as stored now: a tick may have
+            # cleared another node's pid meanwhile (RestartWorkers), which must not come back.
+            current = self.store.get_cluster(updated.name) or updated
+            launched = {i for i, (a, b) in enumerate(zip(cluster.nodes, updated.nodes, strict=True)) if a.pid != b.pid}
+            nodes = tuple(updated.nodes[i] if i in launched else node for i, node in enumerate(current.nodes))
+            pids = [node.pid for node in nodes]
+            worker_pids = tuple(pid for pid in pids[1:] if pid is not None)
+            self.store.update_cluster(updated.name, nodes=nodes, head_pid=pids[0], worker_pids=worker_pids)
             if updated.head_pid is not None and cluster.head_pid is None:
                 self.hooks.reached("pending-started", updated)
 
@@ -503,10 +521,32 @@ class Controller:
             await self.pools.start(cluster, config, record)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # an SSH or launch failure fails that cluster's rollout, with the cause
+        except Exception as exc:
             logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, exc)
-            with contextlib.suppress(KeyError):
+            current = self.store.get_cluster(cluster.name)
+            if current is not None and current.role != ClusterRole.PENDING:
+                # A worker of a serving cluster started again: the cluster stays (one node short,
+                # unhealthy, replaced after the threshold); the next tick tries the start again.
+                event = Event(cluster.service, self.clock(), "Warning", "NodeStartFailed", f"{cluster.name}: {exc}")
+                self.store.add_events([event])
+                return
+            with contextlib.suppress(KeyError):  # an SSH or launch failure fails the rollout, with the cause
                 self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
+
+    def _restart_workers(self, action: act.RestartWorkers) -> None:
+        """Clear the exited nodes' pids in the record as stored now (a start beside the ticks may
+        have recorded others since the tick's look), then start them again."""
+        current = self.store.get_cluster(action.cluster)
+        if current is None or current.role == ClusterRole.DELETING:
+            return
+        gone = set(action.pids)
+        nodes = tuple(
+            replace(node, pid=None, session_id=None, restarts=node.restarts + 1) if node.pid in gone else node
+            for node in current.nodes
+        )
+        worker_pids = tuple(pid for pid in current.worker_pids if pid not in gone)
+        self.store.update_cluster(current.name, nodes=nodes, worker_pids=worker_pids)
+        self._start_cluster(current.with_changes(nodes=nodes, worker_pids=worker_pids))
 
     async def _start_workers(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         def record(updated: ClusterRecord) -> None:

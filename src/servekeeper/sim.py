@@ -58,6 +58,7 @@ class SimCluster:
     scale_s: float = 2.0
     exited_workers: tuple[int, ...] = ()  # worker nodes (pids) whose process exited, until started again
     silent_workers: int = 0  # worker nodes on hosts that do not answer (dead, maybe still running)
+    workers_keep_exiting: bool = False  # a restarted worker exits again at once
 
 
 @dataclass
@@ -243,15 +244,20 @@ class SimWorld:
             template = self.behaviours[index] if index < len(self.behaviours) else self.default_behaviour
             self.sim[name] = SimCluster(**{**template.__dict__, "started_at": self.now, "config_at": None})
         elif isinstance(action, act.StartCluster):
-            cluster = self.clusters[action.cluster]
-            if cluster.head_pid is not None and cluster.nodes:  # the nodes not running: workers started anew
-                nodes = tuple(n if n.pid is not None else replace(n, pid=next(self._pids)) for n in cluster.nodes)
-                workers = tuple(n.pid for n in nodes[1:] if n.pid is not None)
-                self.clusters[action.cluster] = cluster.with_changes(nodes=nodes, worker_pids=workers)
-                self.sim[action.cluster].exited_workers = ()
-                return
-            self.clusters[action.cluster] = cluster.with_changes(head_pid=99)
+            self.clusters[action.cluster] = self.clusters[action.cluster].with_changes(head_pid=99)
             self.sim[action.cluster].started_at = self.now
+        elif isinstance(action, act.RestartWorkers):  # started again at once, under new pids
+            cluster = self.clusters[action.cluster]
+            nodes = tuple(
+                replace(n, pid=next(self._pids), restarts=n.restarts + 1) if n.pid in action.pids else n
+                for n in cluster.nodes
+            )
+            workers = tuple(n.pid for n in nodes[1:] if n.pid is not None)
+            self.clusters[action.cluster] = cluster.with_changes(nodes=nodes, worker_pids=workers)
+            behaviour = self.sim[action.cluster]
+            pairs = zip(nodes, cluster.nodes, strict=True)
+            restarted = tuple(n.pid for n, old in pairs if old.pid in action.pids and n.pid is not None)
+            behaviour.exited_workers = restarted if behaviour.workers_keep_exiting else ()
         elif isinstance(action, act.SubmitConfig):
             cluster = self.clusters[action.cluster]
             behaviour = self.sim[action.cluster]

@@ -252,6 +252,7 @@ class NodePlacement:
     pid: int | None = None
     session_id: int | None = None
     stopped: bool = False  # absent from rows written before it: False
+    restarts: int = 0  # times it was started again after its process exited
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "ports": self.ports.__dict__}

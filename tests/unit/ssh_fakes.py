@@ -21,7 +21,7 @@ from typing import Any, Literal
 import asyncssh
 
 from servekeeper.hostpool import HostSpec
-from servekeeper.providers.ssh_nodes import RemoteNode, SshNodes, cluster_dir
+from servekeeper.providers.ssh_nodes import NodeUnreachable, RemoteNode, SshNodes, cluster_dir
 from servekeeper.ssh import HostUnreachable, SshError
 from servekeeper.status import NodePorts
 from tests.unit.test_hostpool import host
@@ -121,6 +121,8 @@ class FakeSshNodes(SshNodes):
         return await asyncio.shield(on_host)
 
     async def alive(self, node: RemoteNode) -> bool:
+        if node.host in self.fleet.silent:
+            raise NodeUnreachable(node.host, f"cannot tell whether pid {node.pid} lives: timed out")
         return node.temp_dir in self.fleet.running
 
     async def stop(self, node: RemoteNode) -> list[int]:

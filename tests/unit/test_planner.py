@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from servekeeper.core import actions as act
-from servekeeper.core.planner import plan
+from servekeeper.core.planner import MAX_WORKER_RESTARTS, plan
 from servekeeper.sim import SimCluster, SimWorld
 from servekeeper.spec import ServiceSpec, parse_spec
 from servekeeper.status import (
@@ -475,17 +475,29 @@ def test_a_worker_node_that_exited_is_started_again_where_it_was_not_replaced_wi
     nodes = _with_pool_nodes(world, active.name)
     world.sim[active.name].exited_workers = (102,)
     decision = world.tick()
-    cleared = [a for a in decision.actions if isinstance(a, act.UpdateCluster) and "nodes" in a.changes]
-    assert cleared and cleared[0].changes["worker_pids"] == (101,)
-    restarted = cleared[0].changes["nodes"][2]
-    assert (restarted.host, restarted.temp_dir, restarted.pid) == ("h2", "/w/n2", None), "same place, not running"
-    assert cleared[0].changes["nodes"][:2] == tuple(nodes[:2]), "the others untouched"
-    assert kinds(decision.actions).index("StartCluster") > kinds(decision.actions).index("UpdateCluster")
+    assert act.RestartWorkers(active.name, (102,)) in decision.actions
+    assert not [a for a in decision.actions if isinstance(a, act.CreateCluster)]
     assert any(e.reason == "WorkerRestarting" and "h2" in e.message for e in decision.events)
+    restarted = world.clusters[active.name].nodes[2]
+    assert (restarted.host, restarted.temp_dir, restarted.restarts) == ("h2", "/w/n2", 1), "same place, counted"
+    assert restarted.pid not in (None, 102) and world.clusters[active.name].nodes[:2] == tuple(nodes[:2])
     world.run_for(40)  # past the unhealthy threshold
     assert world.with_role(ClusterRole.PENDING) == [] and world.with_role(ClusterRole.ACTIVE)[0].name == active.name
-    assert world.clusters[active.name].nodes[2].pid is not None and world.condition("Ready")
+    assert world.condition("Ready")
     assert [e.reason for e in world.events].count("WorkerRestarting") == 1
+
+
+def test_a_worker_that_keeps_exiting_is_restarted_a_bounded_number_of_times_then_the_cluster_is_replaced() -> None:
+    world = rolled_out(SimWorld(make_spec(serviceUnhealthySecondThreshold=30)))
+    active = world.with_role(ClusterRole.ACTIVE)[0]
+    _with_pool_nodes(world, active.name)
+    world.sim[active.name].exited_workers = (102,)
+    world.sim[active.name].workers_keep_exiting = True
+    world.run_for(20)
+    assert [e.reason for e in world.events].count("WorkerRestarting") == MAX_WORKER_RESTARTS
+    assert world.with_role(ClusterRole.PENDING) == [], "within the threshold: kept"
+    world.run_for(15)
+    assert world.with_role(ClusterRole.PENDING), "unhealthy past the threshold: replaced"
 
 
 def test_only_worker_nodes_are_restarted_in_place_never_the_head() -> None:
@@ -496,24 +508,37 @@ def test_only_worker_nodes_are_restarted_in_place_never_the_head() -> None:
     assert not [a for a in world.tick().actions if isinstance(a, act.StartCluster)]
 
 
-def test_a_pending_cluster_whose_worker_exited_restarts_it_instead_of_failing_the_rollout() -> None:
-    world = rolled_out(SimWorld(make_spec()))
-    world.apply(make_spec(cpus=2))
+def _pending_with_exited_worker(world: SimWorld, cpus: float) -> str:
+    """An upgrade whose pending cluster (head and two workers on hosts) lost a worker's process."""
+    world.apply(make_spec(cpus=cpus))
     world.run_for(2)
     pending = world.with_role(ClusterRole.PENDING)[0]
     _with_pool_nodes(world, pending.name)
     world.sim[pending.name].exited_workers = (101,)
+    return pending.name
+
+
+def test_a_pending_cluster_whose_worker_exited_restarts_it_instead_of_failing_the_rollout() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    pending = _pending_with_exited_worker(world, cpus=2)
     world.tick()
     assert any(e.reason == "WorkerRestarting" for e in world.events)
     world.run_for(20)
     assert world.service.failure_reason is None
-    assert world.route is not None and world.route.active == pending.name
+    assert world.route is not None and world.route.active == pending
     # A worker whose host fell silent (dead, not known to have exited) may not come back: fail.
-    world.apply(make_spec(cpus=3))
-    world.run_for(2)
-    doomed = world.with_role(ClusterRole.PENDING)[0]
-    _with_pool_nodes(world, doomed.name)
-    world.sim[doomed.name].silent_workers = 1
+    doomed = _pending_with_exited_worker(world, cpus=3)
+    world.sim[doomed].exited_workers, world.sim[doomed].silent_workers = (), 1
     world.tick()
     assert (world.service.failure_reason or "").startswith("WorkerDied"), world.service.failure_reason
     assert [e.reason for e in world.events].count("WorkerRestarting") == 1
+
+
+def test_a_pending_cluster_whose_worker_keeps_exiting_fails_the_rollout_after_the_restarts() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    pending = _pending_with_exited_worker(world, cpus=2)
+    world.sim[pending].workers_keep_exiting = True
+    world.run_for(10)
+    assert [e.reason for e in world.events].count("WorkerRestarting") == MAX_WORKER_RESTARTS
+    assert (world.service.failure_reason or "").startswith("WorkerDied"), world.service.failure_reason
+    assert world.route is not None and world.route.active != pending

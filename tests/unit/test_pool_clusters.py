@@ -283,3 +283,42 @@ async def test_the_token_is_saved_with_the_record_and_goes_if_storing_fails(
     pools.put_new(cluster)
     assert store.get_cluster("c1") is not None and len(read_cluster_token(tmp_path / "tokens", "c1")) == 64
     await pools.close()
+
+
+# -- a worker node that exits ------------------------------------------------------------------------
+
+
+async def _running_pending(world: PoolWorld) -> ClusterRecord:
+    world.apply(pool_spec(workers=1))  # head on host a, worker on host b
+    await world.tick()
+    await world.background_settled()
+    pending = world.only(ClusterRole.PENDING)
+    assert all(node.pid is not None for node in pending.nodes)
+    return pending
+
+
+async def test_a_worker_that_exited_on_a_host_that_answers_is_started_again_there(world: PoolWorld) -> None:
+    pending = await _running_pending(world)
+    head, worker = pending.nodes
+    del world.fleet.running[worker.temp_dir]  # its process exited; host b answers
+    world.pools._liveness.clear()  # no cached look from before the exit
+    await world.tick()
+    await world.background_settled()
+    now = world.cluster(pending.name)
+    assert now.failure_reason is None and world.service().failure_reason is None
+    assert now.nodes[0] == head, "the head untouched"
+    again = now.nodes[1]
+    assert (again.host, again.temp_dir, again.restarts) == (worker.host, worker.temp_dir, 1)
+    assert again.pid is not None and again.pid != worker.pid and world.fleet.running[worker.temp_dir].pid == again.pid
+    assert now.worker_pids == (again.pid,)
+    assert "WorkerRestarting" in world.reasons()
+
+
+async def test_a_worker_on_a_silent_host_is_dead_not_restarted_and_fails_the_pending_rollout(world: PoolWorld) -> None:
+    pending = await _running_pending(world)
+    world.fleet.silent.add(pending.nodes[1].host)
+    world.pools._liveness.clear()
+    await world.tick()
+    assert (world.service().failure_reason or "").startswith("WorkerDied"), world.service().failure_reason
+    assert "WorkerRestarting" not in world.reasons()
+    assert not [call for call in world.fleet.calls if call == ("launch", pending.nodes[1].temp_dir)][1:]

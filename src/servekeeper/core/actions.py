@@ -22,6 +22,15 @@ class StartCluster:
 
 
 @dataclass(frozen=True)
+class RestartWorkers:
+    """Start these worker nodes (by pid: they exited) again where they were, in the cluster as
+    it is stored when this runs (a start beside the tick may have recorded other nodes since)."""
+
+    cluster: str
+    pids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class SubmitConfig:
     cluster: str
     config_hash: str
@@ -91,6 +100,7 @@ class ForgetService:
 Action = (
     CreateCluster
     | StartCluster
+    | RestartWorkers
     | SubmitConfig
     | UpdateCluster
     | UpdateClusters

@@ -7,7 +7,7 @@ re-derives what to do from the stored record and a fresh observation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from servekeeper.core import canary
 from servekeeper.core.actions import (
@@ -16,6 +16,7 @@ from servekeeper.core.actions import (
     DeleteCluster,
     ForgetService,
     RemoveRoute,
+    RestartWorkers,
     SetRoute,
     SetTargetCapacity,
     StartCluster,
@@ -50,6 +51,9 @@ MIN_DRAIN_SECONDS = 2.0
 # Ray acknowledged a PUT but does not show the config yet: wait this long before sending it
 # again (a PUT is idempotent for Ray, so a retry can only cost a little time).
 CONFIG_VERIFY_SECONDS = 10.0
+# A worker node whose process exited is started again at most this many times over its
+# cluster's life; past it, it stays dead and the cluster's health says so.
+MAX_WORKER_RESTARTS = 5
 
 
 @dataclass
@@ -61,6 +65,15 @@ class Plan:
 
 def _expected_workers(cluster: ClusterRecord) -> int:
     return RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).worker_count()
+
+
+def _restartable(cluster: ClusterRecord, exited: tuple[int, ...]) -> list[NodePlacement]:
+    """The worker nodes among `exited` (pids) that may be started again where they were."""
+    return [
+        node
+        for node in cluster.nodes
+        if node.role == "worker" and node.pid in exited and not node.stopped and node.restarts < MAX_WORKER_RESTARTS
+    ]
 
 
 def _unobserved(name: str) -> ClusterObservation:
@@ -211,7 +224,8 @@ class _Planner:
         if pending.head_pid is not None and not observed.processes_alive:
             cause = f": {observed.error}" if observed.error else ""
             return f"HeadDied: the head of pending cluster {pending.name} exited before it was ready{cause}"
-        if observed.dead_workers > len(observed.exited_workers):  # one on a silent host: it may not come back
+        # One on a silent host may not come back; one that keeps exiting will not.
+        if observed.dead_workers > len(_restartable(pending, observed.exited_workers)):
             return f"WorkerDied: pending cluster {pending.name}: {observed.error}"
         if pending.applied_config_hash == self.desired_config_hash and observed.apps is not None:
             for name, app in sorted(judged_apps(observed.apps, self.declared, self.all_apps).items()):
@@ -445,26 +459,27 @@ class _Planner:
     def _restart_workers(self, cluster: ClusterRecord, exited: tuple[int, ...]) -> ClusterRecord:
         """Worker nodes whose process exited are started again where they were (as KubeRay
         recreates a worker pod): the cluster is not replaced for a lost worker. Only nodes
-        recorded with their placement (a host pool's) can be; a node is forgotten as running
-        (pid cleared) in the same record write, so a crash after it starts it again once."""
-        gone = [node for node in cluster.nodes if node.role == "worker" and node.pid in exited]
+        recorded with their placement (a host pool's) can be, each at most MAX_WORKER_RESTARTS
+        times: one that keeps exiting stays dead (the rollout fails, or the active cluster is
+        replaced after the unhealthy threshold)."""
+        gone = _restartable(cluster, exited)
         if not gone:
             return cluster
-        nodes = tuple(
-            NodePlacement(n.host, n.address, n.role, n.ports, n.temp_dir) if n in gone else n for n in cluster.nodes
-        )
-        pids = {node.pid for node in gone}
-        cluster = self._update_cluster(
-            cluster, nodes=nodes, worker_pids=tuple(p for p in cluster.worker_pids if p not in pids)
-        )
+        self._do(RestartWorkers(cluster.name, tuple(node.pid for node in gone if node.pid is not None)))
         for node in gone:
             self._event(
                 "WorkerRestarting",
-                f"worker node pid {node.pid} of {cluster.name} on host {node.host} exited; starting it again there",
+                f"worker node pid {node.pid} of {cluster.name} on host {node.host} exited; starting it again "
+                f"there (restart {node.restarts + 1} of at most {MAX_WORKER_RESTARTS})",
                 warning=True,
             )
-        self._do(StartCluster(cluster.name))
-        return cluster
+        pids = {node.pid for node in gone}
+        nodes = tuple(
+            replace(n, pid=None, session_id=None, restarts=n.restarts + 1) if n in gone else n for n in cluster.nodes
+        )
+        updated = cluster.with_changes(nodes=nodes, worker_pids=tuple(p for p in cluster.worker_pids if p not in pids))
+        self.clusters[cluster.name] = updated  # the controller writes it (RestartWorkers), from the stored record
+        return updated
 
     def _switch_back_to_kept(self, active: ClusterRecord) -> bool:
         """A cluster still kept after a switch (rollback window, or draining) already runs what
