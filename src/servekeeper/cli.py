@@ -518,7 +518,7 @@ def env_command(
     try:
         print("\n".join(env_lines(dict(view), cluster, _state(state_dir))))
     except NoSuchCluster as exc:
-        errors.print(str(exc))
+        errors.print(str(exc), markup=False)  # a name like [x] is text, not Rich markup
         raise typer.Exit(1) from exc
 
 

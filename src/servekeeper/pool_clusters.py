@@ -262,7 +262,8 @@ class PoolClusters:
 
     def endpoints(self, cluster: ClusterRecord, grpc: bool) -> tuple[Endpoint, ...]:
         port = cluster.ports.serve_grpc if grpc else cluster.ports.serve_http
-        return tuple(Endpoint(node.address, port) for node in cluster.nodes)
+        # Two nodes on one host share its address and Serve's one proxy port: one endpoint.
+        return tuple(dict.fromkeys(Endpoint(node.address, port) for node in cluster.nodes))
 
     async def start(
         self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: Callable[[ClusterRecord], None]

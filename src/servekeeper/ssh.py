@@ -46,6 +46,9 @@ print(json.dumps({"python": ".".join(map(str, sys.version_info[:3])), "ray": ray
 """
 
 
+TEMPORARY_REMOVE_SECONDS = 5.0  # a dying connection must not hold a failed write
+
+
 class SshError(RuntimeError):
     """Something about a host over SSH failed; `host` names it, `retryable` says whether trying
     again later may help."""
@@ -254,9 +257,9 @@ class HostConnection:
                         await remote.write(data)
                     await sftp.chmod(temporary, mode)  # exactly `mode`, whatever the host's umask
                     await sftp.posix_rename(temporary, path)
-                except Exception:
+                except BaseException:  # a cancel too: no temporary left behind
                     with contextlib.suppress(Exception):  # best effort: the write's error is the one to tell
-                        await sftp.remove(temporary)
+                        await asyncio.wait_for(sftp.remove(temporary), TEMPORARY_REMOVE_SECONDS)
                     raise
         except asyncssh.SFTPError as exc:
             raise CommandFailed(self.where, ["sftp-write", path], None, str(exc.reason)) from exc

@@ -322,3 +322,17 @@ async def test_a_worker_on_a_silent_host_is_dead_not_restarted_and_fails_the_pen
     assert (world.service().failure_reason or "").startswith("WorkerDied"), world.service().failure_reason
     assert "WorkerRestarting" not in world.reasons()
     assert not [call for call in world.fleet.calls if call == ("launch", pending.nodes[1].temp_dir)][1:]
+
+
+def test_two_nodes_on_one_host_are_one_endpoint_of_the_ingress(tmp_path: Path, store: Store) -> None:
+    ports = PortAllocator([]).cluster(worker_nodes=2)
+    nodes = tuple(
+        NodePlacement(host, address, role, ports.node_ports[i], f"/w/{i}", 100 + i)
+        for i, (host, address, role) in enumerate(
+            [("a", "10.0.0.11", "head"), ("b", "10.0.0.12", "worker"), ("b", "10.0.0.12", "worker")]
+        )
+    )
+    cluster = draft("c", pool_spec(workers=2).spec.rayClusterConfig)
+    cluster = cluster.with_changes(pool="fleet", nodes=nodes, ports=ports)
+    endpoints = PoolClusters(store, tmp_path).endpoints(cluster, grpc=False)
+    assert [(e.host, e.port) for e in endpoints] == [("10.0.0.11", ports.serve_http), ("10.0.0.12", ports.serve_http)]
