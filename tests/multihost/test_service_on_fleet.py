@@ -183,9 +183,12 @@ def test_a_worker_host_cut_off_under_load_costs_only_the_requests_in_flight_on_i
         f"off, longest time without an answer {longest_gap:.1f}s, answering then: {sorted(answered_after)}"
     )
     # At most one request in flight per client when the host fell silent, plus one each sent to it
-    # before Envoy ejected it (a pooled connection to a silent host does not refuse).
+    # before Envoy ejected it (a pooled connection to a silent host does not refuse). A client
+    # holding such a request waits out its timeout: when every client holds one at once (seen
+    # once in CI: 8 of 8), nothing answers for up to that timeout.
     assert result.failed <= 2 * clients, result.failures
-    assert longest_gap < 6, "the other nodes kept answering"
+    assert longest_gap < load.timeout + 2, "a stalled client gives up after its timeout"
+    assert len(oks) > 50, "the other nodes kept answering during the cut"
     assert lost.address not in answered_after and answered_after, "the cut host's replicas were out of the way"
     assert oks and oks[-1] > cut_at + 10, "answers all along the cut"
 
