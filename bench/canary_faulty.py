@@ -34,7 +34,7 @@ from typing import Any
 
 from bench.loadgen import exit_cleanly_on_sigterm
 from bench.zero_downtime import LOCUSTFILE, RESULTS, read_final, read_history
-from servekeeper.testing import Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
 
 CANARY, NEW_CLUSTER = "canary", "newcluster"
 

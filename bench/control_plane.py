@@ -21,9 +21,9 @@ from typing import Any
 import psutil
 
 from bench.loadgen import exit_cleanly_on_sigterm
-from servekeeper.sim import SimWorld
-from servekeeper.spec import parse_spec
-from servekeeper.testing import Servekeeper, free_port, hello_spec
+from servekeeper.model.spec import parse_spec
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec
+from servekeeper.testing.sim import SimWorld
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -31,7 +31,7 @@ import aiohttp
 import psutil
 
 from servekeeper.dataplane import Backend, DataPlane, Endpoint, ServiceRoute
-from servekeeper.ports import PortAllocator
+from servekeeper.providers.ports import PortAllocator
 
 RESULTS = Path(__file__).parent / "results"
 TRIVIAL_SERVER = """

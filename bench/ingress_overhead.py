@@ -26,8 +26,8 @@ import httpx
 from bench.ingress_cpu import TRIVIAL_SERVER
 from bench.loadgen import LoopResult, closed_loop, exit_cleanly_on_sigterm
 from servekeeper.dataplane import Backend, DataPlane, Endpoint, ServiceRoute
-from servekeeper.ports import PortAllocator
-from servekeeper.testing import Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.providers.ports import PortAllocator
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
 
 RESULTS = Path(__file__).parent / "results"
 

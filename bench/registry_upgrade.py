@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import exit_cleanly_on_sigterm
-from servekeeper.testing import Load, Servekeeper, free_port, model_urls, models_answer, registry_spec, wait_until
+from servekeeper.testing.harness import (
+    Load,
+    Servekeeper,
+    free_port,
+    model_urls,
+    models_answer,
+    registry_spec,
+    wait_until,
+)
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -18,8 +18,8 @@ from typing import Any
 import psutil
 
 from bench.loadgen import exit_cleanly_on_sigterm
-from servekeeper.ports import port_is_free
-from servekeeper.testing import Load, Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.providers.ports import port_is_free
+from servekeeper.testing.harness import Load, Servekeeper, free_port, hello_spec, wait_until
 
 RESULTS = Path(__file__).parent / "results"
 

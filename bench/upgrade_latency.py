@@ -22,12 +22,12 @@ import aiohttp
 
 from bench.loadgen import exit_cleanly_on_sigterm
 from servekeeper.core.serve_config import build_serve_config
-from servekeeper.ports import PortAllocator
+from servekeeper.model.spec import parse_spec
+from servekeeper.model.status import ClusterRecord, ClusterRole
 from servekeeper.providers.local import LocalProvider
-from servekeeper.serve_api import RetryableServeError, ServeClient
-from servekeeper.spec import parse_spec
-from servekeeper.status import ClusterRecord, ClusterRole
-from servekeeper.testing import Servekeeper, free_port, hello_spec
+from servekeeper.providers.ports import PortAllocator
+from servekeeper.rayapi.serve_api import RetryableServeError, ServeClient
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec
 
 RESULTS = Path(__file__).parent / "results"
 POLL_S = 0.05

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from bench.loadgen import exit_cleanly_on_sigterm
-from servekeeper.testing import Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
 
 RESULTS = Path(__file__).parent / "results"
 LOCUSTFILE = Path(__file__).parent / "locustfile.py"

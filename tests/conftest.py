@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from servekeeper.testing import Servekeeper
+from servekeeper.testing.harness import Servekeeper
 
 
 @pytest.fixture

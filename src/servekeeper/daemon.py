@@ -26,18 +26,18 @@ from typing import IO, Any
 import aiohttp
 import uvicorn
 
-from servekeeper.api import add_metrics_route, build_app, build_metrics_app
-from servekeeper.client import default_state_dir as default_state_dir  # re-exported: the client
-from servekeeper.client import read_api_info as read_api_info  # reads what the daemon writes
-from servekeeper.controller import Controller
+from servekeeper.api.app import add_metrics_route, build_app, build_metrics_app
+from servekeeper.client.sdk import default_state_dir as default_state_dir  # re-exported: the client
+from servekeeper.client.sdk import read_api_info as read_api_info  # reads what the daemon writes
+from servekeeper.controller.hooks import hooks_from_environment
+from servekeeper.controller.loop import Controller
+from servekeeper.controller.metrics import ControllerMetrics, Metrics
 from servekeeper.dataplane import DataPlane, DataPlaneError
-from servekeeper.faults import hooks_from_environment
-from servekeeper.metrics import ControllerMetrics, Metrics
-from servekeeper.ports import PortAllocator
+from servekeeper.model.status import SwitchGate
 from servekeeper.providers.local import LocalProvider
-from servekeeper.status import SwitchGate
-from servekeeper.store import Store
-from servekeeper.ui.web import Dashboard
+from servekeeper.providers.ports import PortAllocator
+from servekeeper.store.store import Store
+from servekeeper.web.pages import Dashboard
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from servekeeper.dataplane import DataPlane
 from servekeeper.providers.local import LocalProvider
-from servekeeper.store import Store
+from servekeeper.store.store import Store
 
 
 async def stop_everything_offline(state_dir: Path) -> int:

@@ -14,7 +14,7 @@ import pytest
 
 from servekeeper.dataplane import Backend, DataPlane, ServiceRoute
 from servekeeper.dataplane.admin import AdminClient, ProcessConfig
-from servekeeper.ports import PortAllocator
+from servekeeper.providers.ports import PortAllocator
 from tests.dataplane.upstream import Upstream
 
 PlaneFactory = Callable[..., Awaitable[DataPlane]]

@@ -8,7 +8,7 @@ import json
 from aiohttp import WSMsgType, web
 
 from servekeeper.dataplane import Endpoint
-from servekeeper.ports import PortAllocator
+from servekeeper.providers.ports import PortAllocator
 
 
 class Upstream:

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import yaml
 
-from servekeeper.testing import REPO, Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.harness import REPO, Servekeeper, free_port, hello_spec, wait_until
 
 ARTIFACTS = REPO / "tests" / "artifacts"
 CHROMIUM = "/usr/bin/chromium"

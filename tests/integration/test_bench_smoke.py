@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from servekeeper.testing import REPO
+from servekeeper.testing.harness import REPO
 
 pytestmark = pytest.mark.ray
 

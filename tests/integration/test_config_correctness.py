@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from servekeeper.providers.local import tagged_processes
-from servekeeper.testing import HELLO_APP, Load, Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.harness import HELLO_APP, Load, Servekeeper, free_port, hello_spec, wait_until
 
 pytestmark = pytest.mark.ray
 

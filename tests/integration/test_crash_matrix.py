@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from servekeeper.faults import CRASH_POINTS
-from servekeeper.ports import port_is_free
-from servekeeper.testing import Load, Servekeeper, free_port, hello_spec, pid_alive, wait_until
+from servekeeper.controller.hooks import CRASH_POINTS
+from servekeeper.providers.ports import port_is_free
+from servekeeper.testing.harness import Load, Servekeeper, free_port, hello_spec, pid_alive, wait_until
 
 pytestmark = pytest.mark.ray
 CLIENTS = 16

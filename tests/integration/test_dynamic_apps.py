@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from servekeeper.testing import (
+from servekeeper.testing.harness import (
     MODELS,
     Load,
     Servekeeper,

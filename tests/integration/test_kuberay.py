@@ -29,7 +29,7 @@ import httpx
 import pytest
 import yaml
 
-from servekeeper.testing import Servekeeper, free_port, wait_until
+from servekeeper.testing.harness import Servekeeper, free_port, wait_until
 
 pytestmark = pytest.mark.ray
 

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from servekeeper.providers.local import session_members
-from servekeeper.testing import Servekeeper, free_port, hello_spec, pid_alive, wait_until
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, pid_alive, wait_until
 
 pytestmark = pytest.mark.ray
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servekeeper.testing import Load, Servekeeper, free_port, hello_spec, pid_alive, wait_until
+from servekeeper.testing.harness import Load, Servekeeper, free_port, hello_spec, pid_alive, wait_until
 
 pytestmark = pytest.mark.ray
 

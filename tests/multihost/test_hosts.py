@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from servekeeper.testing import Servekeeper
+from servekeeper.testing.harness import Servekeeper
 from tests.fleet import Fleet
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(180)]
@@ -113,8 +113,8 @@ def test_ports_are_probed_on_each_host(fleet: Fleet) -> None:
     import asyncio
     import subprocess
 
-    from servekeeper.hostpool import parse_host_pool
-    from servekeeper.ports import PORT_LOW
+    from servekeeper.model.hostpool import parse_host_pool
+    from servekeeper.providers.ports import PORT_LOW
     from servekeeper.providers.ssh_nodes import SshNodes
 
     busy = PORT_LOW  # the probe goes upward from here: the first it would pick

@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from servekeeper.hostpool import HostSpec, parse_host_pool
+from servekeeper.model.hostpool import HostSpec, parse_host_pool
 from servekeeper.providers.ssh_nodes import (
     HeadPorts,
     NodeUnreachable,

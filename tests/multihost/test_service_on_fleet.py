@@ -19,7 +19,7 @@ import psutil
 import pytest
 import yaml
 
-from servekeeper.testing import HELLO_APP, Load, Servekeeper, free_port, wait_until
+from servekeeper.testing.harness import HELLO_APP, Load, Servekeeper, free_port, wait_until
 from tests.fleet import Fleet
 
 pytestmark = [pytest.mark.multihost, pytest.mark.ray, pytest.mark.timeout(600)]

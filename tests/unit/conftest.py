@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from servekeeper.store import Store
+from servekeeper.store.store import Store
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from typing import Any
 
 from servekeeper.core.health import parse_applications
 from servekeeper.dataplane import DataPlaneError, RouteObservation, ServiceRoute
-from servekeeper.package import Package
-from servekeeper.serve_api import RetryableServeError
-from servekeeper.spec import RayClusterConfigSpec
-from servekeeper.status import AppState, ClusterRecord
+from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.status import AppState, ClusterRecord
+from servekeeper.rayapi.package import Package
+from servekeeper.rayapi.serve_api import RetryableServeError
 
 
 class FakeClock:

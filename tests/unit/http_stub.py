@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from servekeeper.ports import PortAllocator
+from servekeeper.providers.ports import PortAllocator
 
 
 async def serve_everything(

@@ -20,10 +20,10 @@ from typing import Any, Literal
 
 import asyncssh
 
-from servekeeper.hostpool import HostSpec
+from servekeeper.model.hostpool import HostSpec
+from servekeeper.model.status import NodePorts
+from servekeeper.providers.ssh import HostUnreachable, SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, RemoteNode, SshNodes, cluster_dir
-from servekeeper.ssh import HostUnreachable, SshError
-from servekeeper.status import NodePorts
 from tests.unit.test_hostpool import host
 
 

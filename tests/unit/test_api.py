@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from servekeeper.api import build_app
-from servekeeper.store import Store
+from servekeeper.api.app import build_app
+from servekeeper.store.store import Store
 
 TOKEN = "s3cret-token"
 SPEC: dict[str, Any] = {

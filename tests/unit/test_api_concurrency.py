@@ -21,10 +21,10 @@ import httpx
 import pytest
 import uvicorn
 
-from servekeeper.api import build_app
-from servekeeper.spec import parse_spec
-from servekeeper.status import Condition, ConditionType
-from servekeeper.store import Store
+from servekeeper.api.app import build_app
+from servekeeper.model.spec import parse_spec
+from servekeeper.model.status import Condition, ConditionType
+from servekeeper.store.store import Store
 from tests.unit.test_api import SPEC, TOKEN
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

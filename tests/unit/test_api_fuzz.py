@@ -9,8 +9,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from servekeeper.api import build_app
-from servekeeper.store import Store
+from servekeeper.api.app import build_app
+from servekeeper.store.store import Store
 from tests.unit.test_api import TOKEN, FakeController
 
 

@@ -16,11 +16,11 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from servekeeper.api import build_app
-from servekeeper.client import AsyncClient, Client, Conflict, ServiceNotFound, SpecInvalid
-from servekeeper.spec import RayClusterConfigSpec
-from servekeeper.status import ClusterPorts, ClusterRecord, ClusterRole, NodePlacement, NodePorts
-from servekeeper.store import Store
+from servekeeper.api.app import build_app
+from servekeeper.client.sdk import AsyncClient, Client, Conflict, ServiceNotFound, SpecInvalid
+from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.status import ClusterPorts, ClusterRecord, ClusterRole, NodePlacement, NodePorts
+from servekeeper.store.store import Store
 from tests.unit.test_client import TOKEN, URL, FakeController, through
 from tests.unit.test_hostpool import VALID
 

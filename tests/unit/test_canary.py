@@ -10,9 +10,16 @@ import pytest
 from servekeeper.core import actions as act
 from servekeeper.core.analysis import analyse, difference, p99_ms
 from servekeeper.core.planner import plan
-from servekeeper.sim import SimWorld
-from servekeeper.spec import AnalysisSpec, ServiceSpec, SpecError, parse_spec
-from servekeeper.status import AppStatus, BackendCounters, CanaryState, ClusterObservation, ClusterRecord, ClusterRole
+from servekeeper.model.spec import AnalysisSpec, ServiceSpec, SpecError, parse_spec
+from servekeeper.model.status import (
+    AppStatus,
+    BackendCounters,
+    CanaryState,
+    ClusterObservation,
+    ClusterRecord,
+    ClusterRole,
+)
+from servekeeper.testing.sim import SimWorld
 from tests.unit.test_planner import make_spec
 
 STEPS: list[dict[str, Any]] = [

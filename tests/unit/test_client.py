@@ -23,9 +23,9 @@ from servekeeper import (
     Unauthorized,
     WaitTimeout,
 )
-from servekeeper.api import build_app
-from servekeeper.spec import parse_spec
-from servekeeper.store import Store
+from servekeeper.api.app import build_app
+from servekeeper.model.spec import parse_spec
+from servekeeper.store.store import Store
 
 TOKEN = "client-test-token"
 URL = "http://sk.test"

@@ -14,10 +14,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from servekeeper import AsyncClient, Client, Conflict, RevisionNotFound, ServiceNotFound
-from servekeeper import cli as cli_module
-from servekeeper.api import build_app
-from servekeeper.status import AnalysisFigures, CanaryState, ClusterRecord
-from servekeeper.store import Store
+from servekeeper.api.app import build_app
+from servekeeper.cli import main as cli_module
+from servekeeper.model.status import AnalysisFigures, CanaryState, ClusterRecord
+from servekeeper.store.store import Store
 from tests.unit.test_client import TOKEN, URL, FakeController, document, through
 from tests.unit.test_store import cluster
 

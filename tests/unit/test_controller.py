@@ -18,15 +18,22 @@ from typing import Any
 import aiohttp
 import pytest
 
-from servekeeper import controller as controller_module
-from servekeeper.controller import PENDING_TICK_SECONDS, Controller
+from servekeeper.controller import loop as controller_module
+from servekeeper.controller.hooks import (
+    CRASH_ENV,
+    CRASH_POINTS,
+    FAIL_PUTS_ENV,
+    Hooks,
+    InjectedFaults,
+    hooks_from_environment,
+)
+from servekeeper.controller.loop import PENDING_TICK_SECONDS, Controller
 from servekeeper.core.serve_config import desired_config_hash
 from servekeeper.dataplane import Backend, DataPlaneError, Endpoint
-from servekeeper.faults import CRASH_ENV, CRASH_POINTS, FAIL_PUTS_ENV, Hooks, InjectedFaults, hooks_from_environment
-from servekeeper.serve_api import PermanentServeError, RetryableServeError
-from servekeeper.spec import ServiceSpec, parse_spec
-from servekeeper.status import ClusterRecord, ClusterRole, ConditionType, Event, ServiceRecord
-from servekeeper.store import Store
+from servekeeper.model.spec import ServiceSpec, parse_spec
+from servekeeper.model.status import ClusterRecord, ClusterRole, ConditionType, Event, ServiceRecord
+from servekeeper.rayapi.serve_api import PermanentServeError, RetryableServeError
+from servekeeper.store.store import Store
 from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe
 
 NAME = "svc"

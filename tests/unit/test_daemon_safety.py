@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from servekeeper.daemon import ensure_token
-from servekeeper.store import Store
+from servekeeper.store.store import Store
 
 
 def run_cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -65,7 +65,7 @@ def test_an_invalid_file_is_rejected_locally_with_every_problem(tmp_path: Path) 
 WRITER = """
 import sys, time
 from pathlib import Path
-from servekeeper.store import Store
+from servekeeper.store.store import Store
 store = Store(Path(sys.argv[1]))
 i = 0
 while True:

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from servekeeper.api import build_app
-from servekeeper.status import AnalysisFigures, CanaryState
-from servekeeper.store import Store
-from servekeeper.ui.auth import CSRF_HEADER, DashboardAuth
-from servekeeper.ui.web import Dashboard
+from servekeeper.api.app import build_app
+from servekeeper.model.status import AnalysisFigures, CanaryState
+from servekeeper.store.store import Store
+from servekeeper.web.auth import CSRF_HEADER, DashboardAuth
+from servekeeper.web.pages import Dashboard
 from tests.unit.test_client import TOKEN, FakeController, document
 from tests.unit.test_client_rollouts import pending_cluster
 

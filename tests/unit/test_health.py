@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from servekeeper.core.health import health, parse_applications, readiness, switch_allowed
-from servekeeper.status import ClusterObservation, SwitchGate
+from servekeeper.model.status import ClusterObservation, SwitchGate
 
 DECLARED = {"router": "/router", "models": "/models"}
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from servekeeper.hostpool import is_host_pool, load_host_pool_file, parse_host_pool
-from servekeeper.spec import SpecError
+from servekeeper.model.hostpool import is_host_pool, load_host_pool_file, parse_host_pool
+from servekeeper.model.spec import SpecError
 
 
 def host(name: str, address: str) -> dict[str, Any]:

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from servekeeper.core.views import cluster_view
-from servekeeper.jobs import NoSuchCluster, env_lines, pool_access, submit_job
+from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.status import ClusterRole, NodePlacement
 from servekeeper.providers.ssh_nodes import save_cluster_token, token_dir
-from servekeeper.spec import RayClusterConfigSpec
-from servekeeper.status import ClusterRole, NodePlacement
+from servekeeper.rayapi.jobs import NoSuchCluster, env_lines, pool_access, submit_job
+from servekeeper.views.service import cluster_view
 from tests.unit.ssh_fakes import pool_document
 from tests.unit.test_pool_clusters import draft
 from tests.unit.test_ssh import PORTS

@@ -11,12 +11,12 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from servekeeper import api as api_module
-from servekeeper.api import build_app
-from servekeeper.client import _apply_body
+from servekeeper.api import app as api_module
+from servekeeper.api.app import build_app
+from servekeeper.client.sdk import _apply_body
 from servekeeper.core.placement import Capacity
-from servekeeper.secrets import SecretError, delete_secret, list_secrets, parse_pairs, read_secrets, set_secret
-from servekeeper.store import Store
+from servekeeper.store.secrets import SecretError, delete_secret, list_secrets, parse_pairs, read_secrets, set_secret
+from servekeeper.store.store import Store
 from tests.unit.test_api import AUTH, TOKEN, FakeController
 from tests.unit.test_kuberay_import import SAMPLES, sample_documents
 

@@ -15,7 +15,7 @@ from servekeeper.kuberay.export import export_manifest, render_manifest
 from servekeeper.kuberay.notes import SecretRef
 from servekeeper.kuberay.status import kuberay_service, kuberay_status
 from servekeeper.kuberay.translate import import_documents
-from servekeeper.spec import ServiceSpec, load_spec_file, parse_spec
+from servekeeper.model.spec import ServiceSpec, load_spec_file, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "tests" / "data" / "kuberay" / "ray.io_rayservices.yaml"

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import h11
 import pytest
 
-from servekeeper.ports import PortAllocator
-from servekeeper.testing import Load, LoadResult
+from servekeeper.providers.ports import PortAllocator
+from servekeeper.testing.harness import Load, LoadResult
 
 
 @dataclass

@@ -16,14 +16,14 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from servekeeper.api import add_metrics_route, build_app, build_metrics_app
-from servekeeper.controller import Controller
+from servekeeper.api.app import add_metrics_route, build_app, build_metrics_app
+from servekeeper.controller.loop import Controller
+from servekeeper.controller.metrics import ControllerMetrics, Metrics, applied_at, record_applied
 from servekeeper.daemon import JsonLogFormatter
 from servekeeper.dataplane import BackendStats, DataPlaneError, RouteObservation
-from servekeeper.metrics import ControllerMetrics, Metrics, applied_at, record_applied
-from servekeeper.spec import ServiceSpec, parse_spec
-from servekeeper.status import ClusterRole
-from servekeeper.store import Store
+from servekeeper.model.spec import ServiceSpec, parse_spec
+from servekeeper.model.status import ClusterRole
+from servekeeper.store.store import Store
 from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe
 
 NAME = "svc"

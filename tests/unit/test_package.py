@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from servekeeper.package import (
+from servekeeper.model.spec import SpecError, parse_spec
+from servekeeper.rayapi.package import (
     DEFAULT_MAX_PACKAGE_BYTES,
     Package,
     PackageError,
@@ -18,7 +19,6 @@ from servekeeper.package import (
     package_for_spec,
     prune_packages,
 )
-from servekeeper.spec import SpecError, parse_spec
 
 
 def write_tree(root: Path, files: dict[str, str | bytes], order: list[str] | None = None) -> Path:

@@ -8,9 +8,8 @@ import pytest
 
 from servekeeper.core import actions as act
 from servekeeper.core.planner import MAX_WORKER_RESTARTS, plan
-from servekeeper.sim import SimCluster, SimWorld
-from servekeeper.spec import ServiceSpec, parse_spec
-from servekeeper.status import (
+from servekeeper.model.spec import ServiceSpec, parse_spec
+from servekeeper.model.status import (
     AppSource,
     AppState,
     AppStatus,
@@ -21,6 +20,7 @@ from servekeeper.status import (
     Observation,
     SwitchGate,
 )
+from servekeeper.testing.sim import SimCluster, SimWorld
 
 
 def make_spec(msg: str = "v1", cpus: float = 1, **overrides: Any) -> ServiceSpec:

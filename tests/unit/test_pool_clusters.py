@@ -14,16 +14,16 @@ from typing import Any
 import aiohttp
 import pytest
 
-from servekeeper.api_hosts import usage
-from servekeeper.controller import Controller
-from servekeeper.hostpool import parse_host_pool
-from servekeeper.pool_clusters import PoolClusters, Shortfall
-from servekeeper.ports import PortAllocator
+from servekeeper.api.hosts import usage
+from servekeeper.controller.loop import Controller
+from servekeeper.model.hostpool import parse_host_pool
+from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.status import ClusterRecord, ClusterRole, NodePlacement
+from servekeeper.providers.pool import PoolClusters, Shortfall
+from servekeeper.providers.ports import PortAllocator
+from servekeeper.providers.ssh import CommandFailed, HostKeyRefused, HostUnreachable
 from servekeeper.providers.ssh_nodes import read_cluster_token
-from servekeeper.spec import RayClusterConfigSpec
-from servekeeper.ssh import CommandFailed, HostKeyRefused, HostUnreachable
-from servekeeper.status import ClusterRecord, ClusterRole, NodePlacement
-from servekeeper.store import Store
+from servekeeper.store.store import Store
 from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe
 from tests.unit.ssh_fakes import FakeFleet, FakeSshConnection, pool_document
 from tests.unit.test_controller import NAME, World, make_spec

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from servekeeper.core.rollout_view import (
+from servekeeper.cli.live import render, watch_rollout
+from servekeeper.views.rollout import (
     Phase,
     RolloutStatus,
     RolloutTracker,
     events_since,
     rollout_status,
 )
-from servekeeper.ui.live import render, watch_rollout
 
 
 def cluster(name: str, role: str, **fields: Any) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from typing import Any
 
 from rich.console import Console
 
-from servekeeper.core.rollout_view import (
+from servekeeper.cli.live import render, watch_rollout
+from servekeeper.views.rollout import (
     Phase,
     RolloutTracker,
     analysis_figures,
@@ -16,7 +17,6 @@ from servekeeper.core.rollout_view import (
     canary_detail,
     rollout_status,
 )
-from servekeeper.ui.live import render, watch_rollout
 from tests.unit.test_rollout_view import OLD, Script, cluster, pending, view
 
 ANALYSIS = {

@@ -10,10 +10,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from servekeeper.dataplane import BackendStats
-from servekeeper.ui.auth import SESSION_COOKIE, DashboardAuth
-from servekeeper.ui.charts import line_chart
-from servekeeper.ui.stats import Sample, StatsHistory, series, service_backends
-from servekeeper.ui.web import Dashboard, ViewSource, dashboard_router
+from servekeeper.web.auth import SESSION_COOKIE, DashboardAuth
+from servekeeper.web.charts import line_chart
+from servekeeper.web.pages import Dashboard, ViewSource, dashboard_router
+from servekeeper.web.stats import Sample, StatsHistory, series, service_backends
 from tests.unit.test_rollout_view import OLD, cluster, pending, view
 
 

@@ -9,11 +9,11 @@ import pytest
 from aiohttp import web
 
 from servekeeper.core.serve_config import build_serve_config
-from servekeeper.package import Package, build_package
-from servekeeper.ports import PortAllocator
-from servekeeper.serve_api import PermanentServeError, RetryableServeError, ServeClient
-from servekeeper.spec import parse_spec
-from servekeeper.status import ClusterPorts, ClusterRecord, ClusterRole, NodePorts
+from servekeeper.model.spec import parse_spec
+from servekeeper.model.status import ClusterPorts, ClusterRecord, ClusterRole, NodePorts
+from servekeeper.providers.ports import PortAllocator
+from servekeeper.rayapi.package import Package, build_package
+from servekeeper.rayapi.serve_api import PermanentServeError, RetryableServeError, ServeClient
 from tests.unit.http_stub import serve_everything
 
 

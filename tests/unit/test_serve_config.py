@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from servekeeper.core.serve_config import config_deployed, package_hash_of
-from servekeeper.status import AppSource, AppState, AppStatus
+from servekeeper.model.status import AppSource, AppState, AppStatus
 
 
 def app(name: str = "a", **args: Any) -> dict[str, Any]:

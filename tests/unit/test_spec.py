@@ -11,7 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servekeeper.spec import ServiceSpec, SpecError, load_spec_file, load_spec_text, parse_spec
+from servekeeper.model.spec import ServiceSpec, SpecError, load_spec_file, load_spec_text, parse_spec
 
 VALID: dict[str, Any] = {
     "apiVersion": "servekeeper/v1alpha1",

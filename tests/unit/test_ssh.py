@@ -10,18 +10,9 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from servekeeper.hostpool import HostSpec, parse_host_pool
-from servekeeper.providers.ssh_nodes import (
-    HeadPorts,
-    RemoteNode,
-    cluster_dir,
-    head_argv,
-    new_cluster_token,
-    read_cluster_token,
-    save_cluster_token,
-    worker_argv,
-)
-from servekeeper.ssh import (
+from servekeeper.model.hostpool import HostSpec, parse_host_pool
+from servekeeper.model.status import NodePorts
+from servekeeper.providers.ssh import (
     CommandFailed,
     CommandTimeout,
     HostConnection,
@@ -34,7 +25,16 @@ from servekeeper.ssh import (
     version_mismatch,
     with_retries,
 )
-from servekeeper.status import NodePorts
+from servekeeper.providers.ssh_nodes import (
+    HeadPorts,
+    RemoteNode,
+    cluster_dir,
+    head_argv,
+    new_cluster_token,
+    read_cluster_token,
+    save_cluster_token,
+    worker_argv,
+)
 from tests.unit.ssh_fakes import FakeSshConnection
 from tests.unit.test_hostpool import VALID
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from servekeeper.status import (
+from servekeeper.model.status import (
     ClusterPorts,
     ClusterRecord,
     ClusterRole,
@@ -22,7 +22,7 @@ from servekeeper.status import (
     NodePorts,
     ServiceRecord,
 )
-from servekeeper.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
+from servekeeper.store.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
 
 
 def cluster(name: str = "svc-g1-abc") -> ClusterRecord:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from servekeeper.hostpool import parse_host_pool
-from servekeeper.store import MIGRATIONS, SCHEMA_VERSION, Store
+from servekeeper.model.hostpool import parse_host_pool
+from servekeeper.store.store import MIGRATIONS, SCHEMA_VERSION, Store
 from tests.unit.test_hostpool import VALID
 
 

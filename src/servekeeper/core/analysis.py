@@ -7,8 +7,8 @@ restarted (its counters start again at 0), and that interval is inconclusive, ne
 
 from __future__ import annotations
 
-from servekeeper.spec import AnalysisSpec
-from servekeeper.status import AnalysisFigures, BackendCounters
+from servekeeper.model.spec import AnalysisSpec
+from servekeeper.model.status import AnalysisFigures, BackendCounters
 
 PASSED = "passed"
 FAILED = "failed"

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servekeeper.core.analysis import FAILED, INCONCLUSIVE, PASSED, analyse, describe, difference
-from servekeeper.spec import CanarySpec
-from servekeeper.status import BackendCounters, CanaryState
+from servekeeper.model.spec import CanarySpec
+from servekeeper.model.status import BackendCounters, CanaryState
 
 CONTINUE = "continue"
 PROMOTE = "promote"  # every step done (or `promote --full`): all traffic to the canary

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from servekeeper.core import canary
 from servekeeper.core.actions import UpdateCluster
 from servekeeper.core.health import health
-from servekeeper.status import ClusterRecord
+from servekeeper.model.status import ClusterRecord
 
 if TYPE_CHECKING:
     from servekeeper.core.planner import _Planner

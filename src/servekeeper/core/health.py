@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from servekeeper.status import (
+from servekeeper.model.status import (
     FAILED_APP_STATUSES,
     AppSource,
     AppState,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servekeeper.spec import RayClusterConfigSpec, ServiceSpec
-from servekeeper.status import ClusterRecord, NodePlacement
+from servekeeper.model.spec import RayClusterConfigSpec, ServiceSpec
+from servekeeper.model.status import ClusterRecord, NodePlacement
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import json
 import re
 from typing import Any
 
-from servekeeper.spec import ServiceSpec
-from servekeeper.status import AppSource, AppState, AppStatus, ClusterRecord
+from servekeeper.model.spec import ServiceSpec
+from servekeeper.model.status import AppSource, AppState, AppStatus, ClusterRecord
 
 
 def desired_config_hash(spec: ServiceSpec, package_hash: str | None) -> str:

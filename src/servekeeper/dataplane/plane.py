@@ -50,7 +50,7 @@ from servekeeper.dataplane.render import (
 )
 from servekeeper.dataplane.supervision import Backoff
 from servekeeper.dataplane.xds import XdsFiles
-from servekeeper.ports import PortAllocator, port_is_free
+from servekeeper.providers.ports import PortAllocator, port_is_free
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

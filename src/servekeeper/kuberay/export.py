@@ -17,7 +17,7 @@ import yaml
 from servekeeper.kuberay.notes import SecretRef
 from servekeeper.kuberay.quantity import format_duration, format_memory
 from servekeeper.kuberay.translate import EXTENSIONS_ANNOTATION, INITIALIZING_TIMEOUT_ANNOTATION
-from servekeeper.spec import (
+from servekeeper.model.spec import (
     HeadGroupSpec,
     IngressSpec,
     ReadinessSpec,

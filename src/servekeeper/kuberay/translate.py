@@ -22,7 +22,7 @@ import yaml
 
 from servekeeper.kuberay.notes import Note, NoteKind, SecretRef
 from servekeeper.kuberay.quantity import QuantityError, parse_duration_seconds, parse_quantity, quantity_value
-from servekeeper.spec import OWNED_START_PARAMS, ServiceSpec, SpecError, parse_spec
+from servekeeper.model.spec import OWNED_START_PARAMS, ServiceSpec, SpecError, parse_spec
 
 KUBERAY_API_VERSIONS = ("ray.io/v1", "ray.io/v1alpha1")
 INGRESS_PORT_ANNOTATION = "servekeeper.io/ingress-port"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from servekeeper.spec import RayClusterConfigSpec
-from servekeeper.status import ClusterRecord
+from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.status import ClusterRecord
 
 
 class ProviderError(RuntimeError):

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import psutil
 
-from servekeeper.faults import Hooks
+from servekeeper.controller.hooks import Hooks
+from servekeeper.model.spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
+from servekeeper.model.status import ClusterRecord, NodePorts
 from servekeeper.providers.base import ProviderError
-from servekeeper.spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
-from servekeeper.status import ClusterRecord, NodePorts
 
 logger = logging.getLogger(__name__)
 

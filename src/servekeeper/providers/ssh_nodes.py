@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from servekeeper.hostpool import HostSpec
-from servekeeper.ports import PORT_HIGH, PORT_LOW, WORKER_PORTS_PER_NODE
+from servekeeper.model.hostpool import HostSpec
+from servekeeper.model.status import NodePorts
 from servekeeper.providers.base import ProviderError
 from servekeeper.providers.local import _node_port_args as node_port_args
-from servekeeper.ssh import HostConnection, HostUnreachable, SshError, with_retries
-from servekeeper.status import NodePorts
+from servekeeper.providers.ports import PORT_HIGH, PORT_LOW, WORKER_PORTS_PER_NODE
+from servekeeper.providers.ssh import HostConnection, HostUnreachable, SshError, with_retries
 
 logger = logging.getLogger(__name__)
 

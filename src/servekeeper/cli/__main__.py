@@ -1,0 +1,5 @@
+"""`python -m servekeeper.cli`: the command line."""
+
+from servekeeper.cli.main import main
+
+main()

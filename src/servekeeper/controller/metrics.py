@@ -1,0 +1,276 @@
+"""Prometheus metrics of the daemon (`GET /metrics`), produced with prometheus_client.
+
+Two kinds, kept apart:
+- what happened (counters and histograms): the controller reports rollouts that ended, config
+  PUTs and tick durations to the `ControllerMetrics` it was given at construction;
+- what is (gauges, and Envoy's own counters): read at scrape time by `StateCollector` from the
+  store, the controller's latest observations and the data plane's per-cluster stats.
+
+No global registry: each daemon (and each test) builds its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from servekeeper.dataplane.model import BackendStats, DataPlaneError, RouteObservation
+from servekeeper.model.status import ConditionType, Event, Observation, ServiceRecord
+from servekeeper.store.store import Store
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+ROLLOUT_RESULTS = ("succeeded", "failed", "aborted")
+# A rollout takes from seconds (in place) to minutes (a new cluster, probes, big images).
+ROLLOUT_BUCKETS = (5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 1800, math.inf)
+RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, math.inf)
+STATS_TIMEOUT_S = 2.0
+
+
+def applied_at_fact(service: str) -> str:
+    """The store fact that holds when the service's latest generation was applied (the API writes
+    it in the same transaction as the spec): {"generation": g, "time": t}."""
+    return f"applied-at/{service}"
+
+
+def record_applied(store: Store, service: str, generation: int, now: float) -> None:
+    store.set_fact(applied_at_fact(service), {"generation": generation, "time": now})
+
+
+def applied_at(store: Store, service: str, generation: int) -> float | None:
+    fact = store.get_fact(applied_at_fact(service))
+    if isinstance(fact, dict) and fact.get("generation") == generation:
+        return float(fact["time"])
+    return None
+
+
+class ControllerMetrics(Collector):
+    """What the controller counts as it happens. A collector over a registry of its own.
+
+    Rollout results, per generation of a service:
+    - succeeded: observedGeneration reached the generation with Ready and without RolloutFailed
+      (a new cluster switched to, or a config change applied in place); its duration, from the
+      apply of that generation to that moment, goes to servekeeper_rollout_duration_seconds;
+    - failed: each RolloutFailed event (a pending cluster or an in-place change failed);
+    - aborted: each PendingClusterReplaced event (a newer spec came while a cluster came up or
+      ran as a canary) and each RolloutAborted (canary analysis failed, or `servekeeper abort`).
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.rollouts = Counter(
+            "servekeeper_rollouts",
+            "Rollouts that ended, by result (succeeded, failed, aborted).",
+            ["service", "result"],
+            registry=self.registry,
+        )
+        self.rollout_duration = Histogram(
+            "servekeeper_rollout_duration_seconds",
+            "From the apply of a generation to its rollout (all traffic on it, Ready).",
+            ["service"],
+            buckets=ROLLOUT_BUCKETS,
+            registry=self.registry,
+        )
+        self.config_submissions = Counter(
+            "servekeeper_config_submissions",
+            "Serve config PUTs sent to a cluster's dashboard (each attempt).",
+            ["service"],
+            registry=self.registry,
+        )
+        self.reconcile_duration = Histogram(
+            "servekeeper_reconcile_duration_seconds",
+            "Duration of one reconcile tick (observe, plan, execute, persist).",
+            ["service"],
+            buckets=RECONCILE_BUCKETS,
+            registry=self.registry,
+        )
+
+    def collect(self) -> Iterable[Metric]:
+        return self.registry.collect()
+
+    def tick_finished(self, service: str, seconds: float) -> None:
+        self.reconcile_duration.labels(service).observe(seconds)
+
+    def config_submitted(self, service: str) -> None:
+        self.config_submissions.labels(service).inc()
+
+    def tick_persisted(
+        self, store: Store, before: ServiceRecord, after: ServiceRecord, events: list[Event], now: float
+    ) -> None:
+        """After a tick stored its status and events: count the rollouts that ended in it."""
+        name = before.name
+        for result in ROLLOUT_RESULTS:
+            self.rollouts.labels(name, result)  # every series exists from the first tick on, at 0
+        for event in events:
+            if event.reason == "RolloutFailed":
+                self.rollouts.labels(name, "failed").inc()
+            elif event.reason in ("PendingClusterReplaced", "RolloutAborted"):
+                self.rollouts.labels(name, "aborted").inc()
+        if after.observed_generation == before.observed_generation:
+            return
+        # What the store holds now: the status was written only if no new spec or delete came.
+        stored = store.get_service(name)
+        if stored is None or stored.observed_generation != after.observed_generation:
+            return
+        if not _rolled_out(stored):
+            return
+        self.rollouts.labels(name, "succeeded").inc()
+        applied = applied_at(store, name, stored.generation)
+        if applied is not None and now >= applied:
+            self.rollout_duration.labels(name).observe(now - applied)
+
+
+def _rolled_out(service: ServiceRecord) -> bool:
+    if service.observed_generation != service.generation or service.failed_generation == service.generation:
+        return False
+    outdated = service.condition(ConditionType.CLUSTER_SPEC_OUTDATED)
+    ready = service.condition(ConditionType.READY)
+    return (outdated is None or not outdated.status) and ready is not None and ready.status
+
+
+class StateCollector(Collector):
+    """Gauges of the current state, and Envoy's per-cluster counters, read when scraped."""
+
+    def __init__(
+        self,
+        store: Store,
+        observation: Callable[[str], Observation | None],
+        routes: Mapping[str, RouteObservation] | None,
+        backend_stats: Mapping[str, BackendStats] | None,
+    ) -> None:
+        self.store = store
+        self.observation = observation
+        self.routes = routes
+        self.backend_stats = backend_stats
+
+    def collect(self) -> Iterator[Metric]:
+        condition = GaugeMetricFamily(
+            "servekeeper_service_condition", "1 if the condition is True, else 0.", labels=["service", "type"]
+        )
+        generation = GaugeMetricFamily(
+            "servekeeper_service_generation", "The latest applied generation.", labels=["service"]
+        )
+        observed = GaugeMetricFamily(
+            "servekeeper_service_observed_generation",
+            "The generation rolled out (or failed) last.",
+            labels=["service"],
+        )
+        traffic = GaugeMetricFamily(
+            "servekeeper_cluster_traffic_ratio",
+            "Share of the service's traffic the ingress sends to the cluster (0 to 1), as every Envoy acknowledged.",
+            labels=["service", "cluster", "role"],
+        )
+        inflight = GaugeMetricFamily(
+            "servekeeper_cluster_inflight_requests",
+            "Requests and open streams in flight through the ingress to the cluster.",
+            labels=["service", "cluster"],
+        )
+        requests = CounterMetricFamily(
+            "servekeeper_ingress_requests",
+            "Requests the ingress sent to the cluster, by answer class (summed over the Envoy processes; "
+            "a restarted process starts again at 0).",
+            labels=["service", "cluster", "code_class"],
+        )
+        latency = HistogramMetricFamily(
+            "servekeeper_ingress_request_duration_seconds",
+            "Upstream request time seen by the ingress, per cluster (Envoy's upstream_rq_time).",
+            labels=["service", "cluster"],
+        )
+        dataplane_up = GaugeMetricFamily(
+            "servekeeper_dataplane_stats_up", "1 if every Envoy process answered the stats read of this scrape."
+        )
+        dataplane_up.add_metric([], 0 if self.backend_stats is None or self.routes is None else 1)
+        stats = self.backend_stats or {}
+        for service in self.store.list_services():
+            name = service.name
+            for condition_type in ConditionType:
+                found = service.condition(condition_type)
+                if found is not None:
+                    condition.add_metric([name, condition_type.value], 1 if found.status else 0)
+            generation.add_metric([name], service.generation)
+            observed.add_metric([name], service.observed_generation)
+            # The ingress read now; when it cannot be read, the controller's last look at it.
+            snapshot = self.observation(name)
+            routed = snapshot.route if snapshot is not None else None
+            weights: dict[str, float] = {}
+            if self.routes is not None:
+                route = self.routes.get(name)
+                total = sum(route.weights.values()) if route is not None else 0
+                weights = {b: w / total for b, w in route.weights.items()} if route is not None and total else {}
+            elif routed is not None and routed.active is not None:
+                weights = {routed.active: 1.0}
+            for cluster in self.store.list_clusters(name):
+                traffic.add_metric([name, cluster.name, cluster.role.value], weights.get(cluster.name, 0.0))
+                backend = stats.get(cluster.name)
+                if backend is not None:
+                    inflight.add_metric([name, cluster.name], backend.rq_active)
+                    classes = {"2xx": backend.rq_2xx, "4xx": backend.rq_4xx, "5xx": backend.rq_5xx}
+                    for code_class, count in classes.items():
+                        requests.add_metric([name, cluster.name, code_class], count)
+                    buckets = _seconds_buckets(backend.latency_ms_buckets)
+                    if buckets:
+                        latency.add_metric([name, cluster.name], buckets, sum_value=None)
+                elif routed is not None and cluster.name in routed.inflight:
+                    # No fresh stats this scrape: the controller's last look at the ingress.
+                    inflight.add_metric([name, cluster.name], routed.inflight[cluster.name])
+        yield from (condition, generation, observed, traffic, inflight, requests, latency, dataplane_up)
+
+
+def _seconds_buckets(cumulative_ms: Mapping[float, int]) -> list[tuple[str, float]]:
+    """Envoy's cumulative buckets (upper bounds in ms) as Prometheus `le` buckets in seconds. Envoy
+    has no +Inf bucket; its largest bound (an hour) stands for it."""
+    if not cumulative_ms:
+        return []
+    ordered = sorted(cumulative_ms.items())
+    buckets = [(_le(bound / 1000.0), float(count)) for bound, count in ordered]
+    buckets.append(("+Inf", float(ordered[-1][1])))
+    return buckets
+
+
+def _le(seconds: float) -> str:
+    return repr(float(f"{seconds:.6g}"))  # "0.5", "10.0", as prometheus_client writes bounds
+
+
+class Metrics:
+    """What `GET /metrics` answers: the controller's counters plus the state read now."""
+
+    def __init__(
+        self,
+        store: Store,
+        controller_metrics: ControllerMetrics,
+        observation: Callable[[str], Observation | None],
+        routes: Callable[[], Awaitable[Mapping[str, RouteObservation]]] | None = None,
+        backend_stats: Callable[[], Awaitable[Mapping[str, BackendStats]]] | None = None,
+    ) -> None:
+        self.store = store
+        self.controller_metrics = controller_metrics
+        self.observation = observation
+        self._routes = routes
+        self._backend_stats = backend_stats
+
+    async def render(self) -> bytes:
+        routes, stats = await asyncio.gather(_read(self._routes), _read(self._backend_stats))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self.controller_metrics)
+        registry.register(StateCollector(self.store, self.observation, routes, stats))
+        return generate_latest(registry)
+
+
+async def _read(source: Callable[[], Awaitable[Mapping[str, T]]] | None) -> Mapping[str, T] | None:
+    """One read of the data plane for a scrape; None when it cannot be read (or is not given)."""
+    if source is None:
+        return None
+    try:
+        return await asyncio.wait_for(source(), STATS_TIMEOUT_S)
+    except (DataPlaneError, asyncio.TimeoutError) as exc:
+        logger.info("metrics: data plane not read: %s", exc)
+        return None

@@ -1,0 +1,208 @@
+"""A host pool: the machines that multi-host Ray clusters run on, reached over SSH.
+
+    apiVersion: servekeeper/v1alpha1
+    kind: HostPool
+    metadata: {name: fleet}
+    spec:
+      hosts:
+        - name: gpu-a
+          address: 10.0.0.11
+          ssh: {user: ray, port: 22, identityFile: ~/.ssh/id_ed25519, knownHostsFile: ~/.ssh/known_hosts}
+          python: /opt/ray-env/bin/python       # its `ray` must be the controller's Ray version
+          resources: {cpus: 16, gpus: 2, memoryGiB: 64}
+
+Strict like the service spec (`extra="forbid"`), every problem reported at once by field path.
+Paths on the controller (the key and known_hosts files) may start with `~`; paths on a host
+(`python`, `workDir`) must be absolute, since no shell ever expands them there.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from servekeeper.model.spec import DNS_LABEL, MAX_SPEC_BYTES, Metadata, SpecError, _format_errors
+
+HOST_POOL_KIND = "HostPool"
+# RFC 1123 host names: dot-separated labels of letters, digits and '-'.
+_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?"
+HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
+POSIX_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+# A unix socket path is limited to 107 bytes and Ray nests its sockets a few levels under the
+# node's temp dir, which lives under workDir: keep the root short.
+MAX_WORK_DIR_LENGTH = 40
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _controller_path(value: str) -> str:
+    if not value or any(ch in value for ch in "\x00\n\r"):
+        raise ValueError("must be a non-empty path without NUL or line breaks")
+    if not (value.startswith(("/", "~/")) or value == "~"):
+        raise ValueError(f"{value!r} must be an absolute path or start with '~/'")
+    return value
+
+
+def _host_path(value: str) -> str:
+    if not value.startswith("/") or any(ch in value for ch in "\x00\n\r"):
+        raise ValueError(f"{value!r} must be an absolute path on the host (no '~': no shell expands it there)")
+    return value
+
+
+class SshSpec(_Strict):
+    user: str
+    port: int = Field(default=22, ge=1, le=65535)
+    identityFile: str
+    knownHostsFile: str
+    connectTimeoutSeconds: float = Field(default=10, gt=0, le=300)
+
+    _paths = field_validator("identityFile", "knownHostsFile")(_controller_path)
+
+    @field_validator("user")
+    @classmethod
+    def _user_shape(cls, user: str) -> str:
+        if not POSIX_USER.match(user):
+            raise ValueError(f"{user!r} is not a user name (lowercase letters, digits, '_', '.', '-')")
+        return user
+
+    def identity_path(self) -> Path:
+        return Path(self.identityFile).expanduser()
+
+    def known_hosts_path(self) -> Path:
+        return Path(self.knownHostsFile).expanduser()
+
+
+class HostResources(_Strict):
+    cpus: float = Field(gt=0, le=4096)
+    gpus: float = Field(default=0, ge=0, le=1024)
+    memoryGiB: float = Field(gt=0, le=65536)
+
+
+class HostSpec(_Strict):
+    name: str
+    address: str
+    ssh: SshSpec
+    python: str
+    resources: HostResources
+    # Where the host's Ray nodes keep their temp dirs and logs (short: unix socket paths).
+    workDir: str = "/tmp/servekeeper"
+
+    _python = field_validator("python")(_host_path)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_dns_label(cls, name: str) -> str:
+        if not DNS_LABEL.match(name):
+            raise ValueError(f"{name!r} is not a DNS label (lowercase letters, digits, '-')")
+        return name
+
+    @field_validator("address")
+    @classmethod
+    def _address_shape(cls, address: str) -> str:
+        try:
+            return str(ipaddress.ip_address(address))
+        except ValueError:
+            pass
+        if not HOSTNAME.match(address) or address.replace(".", "").isdigit():
+            raise ValueError(f"{address!r} is neither an IP address nor a host name")
+        return address.lower()
+
+    @field_validator("workDir")
+    @classmethod
+    def _work_dir_shape(cls, work_dir: str) -> str:
+        _host_path(work_dir)
+        if len(work_dir) > MAX_WORK_DIR_LENGTH:
+            raise ValueError(f"at most {MAX_WORK_DIR_LENGTH} characters (Ray's unix socket paths live under it)")
+        return work_dir.rstrip("/") or "/"
+
+
+class HostPoolBody(_Strict):
+    hosts: list[HostSpec] = Field(min_length=1, max_length=1000)
+
+    @model_validator(mode="after")
+    def _unique_hosts(self) -> HostPoolBody:
+        problems = []
+        for label, values in (
+            ("names", [host.name for host in self.hosts]),
+            ("addresses", [host.address for host in self.hosts]),
+        ):
+            repeated = sorted({value for value in values if values.count(value) > 1})
+            if repeated:
+                problems.append(f"host {label} must be unique; repeated: {repeated}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class HostPoolSpec(_Strict):
+    apiVersion: Literal["servekeeper/v1alpha1"]
+    kind: Literal["HostPool"]
+    metadata: Metadata
+    spec: HostPoolBody
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def host(self, name: str) -> HostSpec | None:
+        return next((host for host in self.spec.hosts if host.name == name), None)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class HostPoolRecord:
+    """A pool as stored: its spec as applied, and when."""
+
+    name: str
+    spec_json: str
+    created_at: float
+    updated_at: float
+
+    def spec(self) -> HostPoolSpec:
+        return HostPoolSpec.model_validate_json(self.spec_json)
+
+
+def is_host_pool(document: Any) -> bool:
+    return isinstance(document, dict) and document.get("kind") == HOST_POOL_KIND
+
+
+def parse_host_pool(document: Any) -> HostPoolSpec:
+    """Validate a decoded document; raise SpecError listing every problem."""
+    if not isinstance(document, dict):
+        raise SpecError([f"(document): expected a mapping, got {type(document).__name__}"])
+    try:
+        return HostPoolSpec.model_validate(document)
+    except ValidationError as exc:
+        raise SpecError(_format_errors(exc)) from exc
+
+
+def read_single_document(path: Path) -> Any:
+    """The one YAML document of a file, or SpecError (unreadable, too large, not YAML, several)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError([f"(file): cannot read {path}: {exc.strerror}"]) from exc
+    if len(text.encode()) > MAX_SPEC_BYTES:
+        raise SpecError([f"(document): larger than {MAX_SPEC_BYTES} bytes"])
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        raise SpecError([f"(document): not valid YAML: {exc}"]) from exc
+    if len(documents) != 1:
+        raise SpecError([f"(document): expected exactly one YAML document, found {len(documents)}"])
+    return documents[0]
+
+
+def load_host_pool_file(path: Path) -> HostPoolSpec:
+    return parse_host_pool(read_single_document(path))

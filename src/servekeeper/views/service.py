@@ -1,0 +1,138 @@
+"""Pure: the JSON a user sees for a service (`get -o json`, the API)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servekeeper.core import canary
+from servekeeper.model.spec import RayClusterConfigSpec, ServiceSpec
+from servekeeper.model.status import CanaryState, ClusterRecord, ClusterRole, Event, Observation, ServiceRecord
+
+
+def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffic_percent: int) -> dict[str, Any]:
+    observed = observation.clusters.get(cluster.name) if observation else None
+    route = observation.route if observation else None
+    # Requests and open streams the ingress still has on this cluster (None: not routed or unread).
+    inflight = route.inflight.get(cluster.name) if route is not None and cluster.name in route.upstreams else None
+    apps = {}
+    if observed is not None and observed.apps is not None:
+        apps = {
+            name: {"status": app.status.value, "source": app.source.value, "message": app.message}
+            for name, app in sorted(observed.apps.items())
+        }
+    return {
+        "name": cluster.name,
+        "generation": cluster.generation,
+        "role": cluster.role.value,
+        "address": cluster.gcs_address,
+        "dashboardUrl": cluster.dashboard_url,
+        "hostPool": cluster.pool,  # None: on the controller's machine
+        "headHost": cluster.nodes[0].host if cluster.nodes else None,
+        "serveUrl": cluster.serve_url,
+        "trafficPercent": traffic_percent,
+        "headPid": cluster.head_pid,
+        "workerPids": list(cluster.worker_pids),
+        "workersExpected": _workers_expected(cluster),
+        "appliedConfigHash": cluster.applied_config_hash,
+        "goodConfigHash": cluster.good_config_hash,
+        "packageHash": cluster.package_hash,
+        "createdAt": cluster.created_at,
+        "submittedConfigHash": cluster.submitted_config_hash,
+        "configSubmittedAt": cluster.config_submitted_at,
+        "readyAt": cluster.ready_at,
+        "drainStartedAt": cluster.drain_started_at,
+        "failureReason": cluster.failure_reason,
+        "headAlive": observed.processes_alive if observed else None,
+        "dashboardOk": observed.dashboard_ok if observed else None,
+        "deployedConfigHash": observed.deployed_config_hash if observed else None,
+        "inflightRequests": inflight,
+        "applications": apps,
+        "probes": [probe.to_json() for probe in observed.probes] if observed else [],
+    }
+
+
+def _workers_expected(cluster: ClusterRecord) -> int | None:
+    try:
+        return RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).worker_count()
+    except ValueError:  # a record stored by an older version: the count is unknown, not an error
+        return None
+
+
+def _declared_apps(service: ServiceRecord) -> list[str]:
+    try:
+        return sorted(ServiceSpec.model_validate_json(service.spec_json).declared_apps())
+    except ValueError:
+        return []
+
+
+def service_view(
+    service: ServiceRecord,
+    ingress_port: int,
+    clusters: list[ClusterRecord],
+    observation: Observation | None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    def pick(role: ClusterRole) -> ClusterRecord | None:
+        found = [c for c in clusters if c.role == role]
+        return max(found, key=lambda c: c.created_at) if found else None
+
+    active = pick(ClusterRole.ACTIVE)
+    pending = pick(ClusterRole.PENDING)
+    route = observation.route if observation else None
+    routed = route.active if route else None
+
+    def traffic(cluster: ClusterRecord) -> int:
+        return route.weight_of(cluster.name) if route is not None else 0
+
+    pending_view = cluster_view(pending, observation, traffic(pending)) if pending else None
+    if pending is not None and pending_view is not None and pending.canary is not None:
+        pending_view["canary"] = canary_view(service, pending.canary, now)
+    return {
+        "name": service.name,
+        "generation": service.generation,
+        "observedGeneration": service.observed_generation,
+        "deleting": service.deleting,
+        "conditions": [c.to_json() for c in service.conditions],
+        "ingress": {"url": f"http://127.0.0.1:{ingress_port}", "port": ingress_port, "routedTo": routed},
+        "activeCluster": cluster_view(active, observation, traffic(active)) if active else None,
+        "pendingCluster": pending_view,
+        "otherClusters": [
+            cluster_view(c, observation, traffic(c))
+            for c in clusters
+            if c.role in (ClusterRole.DRAINING, ClusterRole.DELETING)
+        ],
+        "failureReason": service.failure_reason if service.failed_generation == service.generation else None,
+        "declaredApplications": _declared_apps(service),
+    }
+
+
+def canary_view(service: ServiceRecord, state: CanaryState, now: float | None) -> dict[str, Any]:
+    """Where a canary is: weight, step, the pause left, and the analysis so far."""
+    view: dict[str, Any] = {
+        "weight": state.weight,
+        "step": state.step,
+        "stepStartedAt": state.step_started_at,
+        "passedIntervals": state.passed_intervals,
+        "failedIntervals": state.failed_intervals,
+        "inconclusiveIntervals": state.inconclusive_intervals,
+        "lastAnalysis": state.last_analysis.to_json() if state.last_analysis else None,
+    }
+    try:
+        strategy = ServiceSpec.model_validate_json(service.spec_json).spec.upgradeStrategy.canary
+    except ValueError:
+        strategy = None
+    if strategy is not None:
+        view["steps"] = len(strategy.steps)
+        view["stepDescription"] = canary.describe_step(strategy, state)
+        view["pauseRemainingSeconds"] = canary.pause_remaining(strategy, state, now) if now is not None else None
+    return view
+
+
+def event_view(event: Event) -> dict[str, Any]:
+    return {
+        "service": event.service,
+        "time": event.time,
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message,
+    }
