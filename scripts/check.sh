@@ -6,6 +6,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 ruff check src tests bench
 lint-imports
 mypy  # --strict over src, configured in pyproject.toml
+python scripts/size_report.py src  # a report, not a gate: README's map names what stays long and why
 pytest -q tests/unit tests/dataplane "$@"  # the pure core, adapters, and real Envoy (no Ray)
 # The oldest Python we claim (requires-python >=3.10); setup.sh makes .venv310 or fails.
 .venv310/bin/python -m pytest -q tests/unit "$@"

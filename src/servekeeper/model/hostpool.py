@@ -28,7 +28,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from servekeeper.model.spec import DNS_LABEL, MAX_SPEC_BYTES, Metadata, SpecError, _format_errors
+from servekeeper.model.spec import DNS_LABEL, MAX_SPEC_BYTES, Metadata, SpecError, format_errors
 
 HOST_POOL_KIND = "HostPool"
 # RFC 1123 host names: dot-separated labels of letters, digits and '-'.
@@ -184,7 +184,7 @@ def parse_host_pool(document: Any) -> HostPoolSpec:
     try:
         return HostPoolSpec.model_validate(document)
     except ValidationError as exc:
-        raise SpecError(_format_errors(exc)) from exc
+        raise SpecError(format_errors(exc)) from exc
 
 
 def read_single_document(path: Path) -> Any:

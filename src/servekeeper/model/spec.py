@@ -417,7 +417,7 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _format_errors(error: ValidationError) -> list[str]:
+def format_errors(error: ValidationError) -> list[str]:
     problems = []
     for item in error.errors():
         path = ".".join(str(part) for part in item["loc"]) or "(document)"
@@ -433,7 +433,7 @@ def parse_spec(document: Any) -> ServiceSpec:
     try:
         spec = ServiceSpec.model_validate(document)
     except ValidationError as exc:
-        raise SpecError(_format_errors(exc)) from exc
+        raise SpecError(format_errors(exc)) from exc
     problems = _fractional_resource_problems(spec.spec.rayClusterConfig)
     if problems:
         raise SpecError(problems)
