@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
-ruff check src tests bench
+ruff check src tests bench scripts
 lint-imports
 mypy  # --strict over src, configured in pyproject.toml
 python scripts/size_report.py src  # a report, not a gate: README's map names what stays long and why

@@ -32,7 +32,10 @@ def main(root: Path) -> int:
         if lines > MODULE_LINES:
             modules.append(f"  {path} ({lines} lines)")
         functions += [f"  {path}: {name}: {length} lines" for name, length in long_functions(path)]
-    print(f"size report: {len(modules)} modules over {MODULE_LINES} lines, {len(functions)} functions over {FUNCTION_LINES}")
+    print(
+        f"size report: {len(modules)} modules over {MODULE_LINES} lines,"
+        f" {len(functions)} functions over {FUNCTION_LINES}"
+    )
     for line in modules + functions:
         print(line)
     return 0
