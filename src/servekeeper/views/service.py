@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servekeeper.core import canary
+from servekeeper.core import canary_steps
 from servekeeper.model.spec import RayClusterConfigSpec, ServiceSpec
 from servekeeper.model.status import CanaryState, ClusterRecord, ClusterRole, Event, Observation, ServiceRecord
 
@@ -123,8 +123,8 @@ def canary_view(service: ServiceRecord, state: CanaryState, now: float | None) -
         strategy = None
     if strategy is not None:
         view["steps"] = len(strategy.steps)
-        view["stepDescription"] = canary.describe_step(strategy, state)
-        view["pauseRemainingSeconds"] = canary.pause_remaining(strategy, state, now) if now is not None else None
+        view["stepDescription"] = canary_steps.describe_step(strategy, state)
+        view["pauseRemainingSeconds"] = canary_steps.pause_remaining(strategy, state, now) if now is not None else None
     return view
 
 

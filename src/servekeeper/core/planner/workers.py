@@ -1,0 +1,63 @@
+"""Cluster processes: starting what an interrupted tick left unstarted, and starting again the
+worker nodes that exited (as KubeRay recreates a worker pod), a bounded number of times."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from servekeeper.core.actions import DeleteCluster, RestartWorkers, StartCluster
+from servekeeper.core.planner.context import PlanContext
+from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.status import ClusterRecord, ClusterRole, NodePlacement
+
+# A worker node whose process exited is started again at most this many times over its
+# cluster's life; past it, it stays dead and the cluster's health says so.
+MAX_WORKER_RESTARTS = 5
+
+
+def expected_workers(cluster: ClusterRecord) -> int:
+    return RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).worker_count()
+
+
+def restartable(cluster: ClusterRecord, exited: tuple[int, ...]) -> list[NodePlacement]:
+    """The worker nodes among `exited` (pids) that may be started again where they were."""
+    return [
+        node
+        for node in cluster.nodes
+        if node.role == "worker" and node.pid in exited and not node.stopped and node.restarts < MAX_WORKER_RESTARTS
+    ]
+
+
+def restart_interrupted_work(ctx: PlanContext) -> None:
+    """A crash may stop the controller between intent and completion: a deletion is finished,
+    a cluster short of its head or workers is started (both idempotent)."""
+    for cluster in ctx.clusters.values():
+        if cluster.role == ClusterRole.DELETING:
+            ctx.do(DeleteCluster(cluster.name, "DeletionResumed"))
+        elif cluster.head_pid is None or len(cluster.worker_pids) < expected_workers(cluster):
+            ctx.do(StartCluster(cluster.name))
+
+
+def restart_workers(ctx: PlanContext, cluster: ClusterRecord, exited: tuple[int, ...]) -> ClusterRecord:
+    """Worker nodes whose process exited are started again where they were (as KubeRay
+    recreates a worker pod): the cluster is not replaced for a lost worker. Only nodes
+    recorded with their placement (a host pool's) can be, each at most MAX_WORKER_RESTARTS
+    times: one that keeps exiting stays dead (the rollout fails, or the active cluster is
+    replaced after the unhealthy threshold)."""
+    gone = restartable(cluster, exited)
+    if not gone:
+        return cluster
+    ctx.do(RestartWorkers(cluster.name, tuple(node.pid for node in gone if node.pid is not None)))
+    for node in gone:
+        ctx.event(
+            "WorkerRestarting",
+            f"worker node pid {node.pid} of {cluster.name} on host {node.host} exited; starting it again "
+            f"there (restart {node.restarts + 1} of at most {MAX_WORKER_RESTARTS})",
+            warning=True,
+        )
+    pids = {node.pid for node in gone}
+    nodes = tuple(
+        replace(n, pid=None, session_id=None, restarts=n.restarts + 1) if n in gone else n for n in cluster.nodes
+    )
+    updated = cluster.with_changes(nodes=nodes, worker_pids=tuple(p for p in cluster.worker_pids if p not in pids))
+    return ctx.set_planned(updated)  # the controller writes it (RestartWorkers), from the stored record
