@@ -62,7 +62,6 @@ class Controller:
         self.state_dir = state_dir
         self.clock = clock
         self.gate = gate
-        self.hooks = hooks or Hooks()
         self.documents = SubmittedDocuments(store)
         packages = Packages(state_dir / "packages")
         self.executor = Executor(
@@ -75,7 +74,7 @@ class Controller:
             packages,
             state_dir,
             clock,
-            self.hooks,
+            hooks or Hooks(),
             self.metrics,
             self.wake,
         )
@@ -93,6 +92,16 @@ class Controller:
         self._service_tasks: dict[str, asyncio.Task[None]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
         self._stopping = False
+
+    @property
+    def hooks(self) -> Hooks:
+        return self.executor.hooks
+
+    @hooks.setter
+    def hooks(self, hooks: Hooks) -> None:
+        """Tests swap the hooks after construction: every part that reaches a point gets them."""
+        self.executor.hooks = hooks
+        self.executor.submissions.hooks = hooks
 
     # -- the loop ------------------------------------------------------------------------
 

@@ -217,11 +217,7 @@ class LocalProvider:
     async def create(
         self, draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords
     ) -> ClusterRecord:
-        """`draft` with ports free on this machine and taken by no other cluster, stored."""
-        reserved = [port for other in records.list_clusters() for port in other.ports.all_ports()]
-        cluster = draft.with_changes(ports=PortAllocator(reserved).cluster(worker_nodes=config.worker_count()))
-        records.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown
-        return cluster
+        return store_with_local_ports(draft, config, records)
 
     def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:
         gone = set(pids)
@@ -300,6 +296,16 @@ class LocalProvider:
             if not alive or loop.time() >= deadline:
                 return alive
             await asyncio.sleep(0.25)
+
+
+def store_with_local_ports(
+    draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords
+) -> ClusterRecord:
+    """`draft` with ports free on this machine and taken by no other cluster, stored."""
+    reserved = [port for other in records.list_clusters() for port in other.ports.all_ports()]
+    cluster = draft.with_changes(ports=PortAllocator(reserved).cluster(worker_nodes=config.worker_count()))
+    records.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown
+    return cluster
 
 
 class ProcessChecks(Protocol):
