@@ -1,14 +1,12 @@
-"""Clusters on a host pool: placement, ports on each host, the cluster's token, and its nodes
-started, watched and stopped over SSH (`providers/ssh_nodes.py`).
+"""Clusters on a host pool, the `ClusterProvider` for them: placed (`pool_placement.py`), with
+a token of their own (`cluster_token.py`), their nodes started, watched and stopped over SSH
+(`ssh_nodes.py`).
 
-The controller writes a pool cluster's record (placement and ports) before any node starts,
-and each node's pid once it runs, so a restarted controller finds every node again. A node
+A pool cluster's record (placement and ports) is stored before any node starts, and each
+node's pid once it runs, so a restarted controller finds every node again. A node
 whose start was cut short is found by its tag and stopped before it is started again; a start
 cancelled by a delete still records the node it was launching. A stop records each node it
 stopped for sure: its room is free again while the rest of the cluster may still resist.
-
-A host that does not answer is left out of placement (it may come back); one that refuses for
-good (host key, login, its python) fails the rollout with that error.
 """
 
 from __future__ import annotations
