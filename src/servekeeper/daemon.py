@@ -35,7 +35,9 @@ from servekeeper.controller.metrics import ControllerMetrics, Metrics
 from servekeeper.dataplane import DataPlane, DataPlaneError
 from servekeeper.model.status import SwitchGate
 from servekeeper.providers.local import LocalProvider
+from servekeeper.providers.pool import PoolClusters
 from servekeeper.providers.ports import PortAllocator
+from servekeeper.providers.router import ProviderRouter
 from servekeeper.store.store import Store
 from servekeeper.web.pages import Dashboard
 
@@ -103,7 +105,8 @@ async def run_daemon(
         await dataplane.start_or_adopt()
         hooks = hooks_from_environment()  # tests and benchmarks only; production gets no-op hooks
         controller_metrics = ControllerMetrics()
-        provider = LocalProvider(hooks)
+        # Built once: each cluster goes to this machine's provider or its host pool's.
+        provider = ProviderRouter(LocalProvider(hooks), PoolClusters(store, state_dir))
         controller = Controller(
             store, provider, dataplane, session, state_dir, gate=gate, hooks=hooks, metrics=controller_metrics
         )

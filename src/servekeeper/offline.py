@@ -6,6 +6,8 @@ from pathlib import Path
 
 from servekeeper.dataplane import DataPlane
 from servekeeper.providers.local import LocalProvider
+from servekeeper.providers.pool import PoolClusters
+from servekeeper.providers.router import ProviderRouter
 from servekeeper.store.store import Store
 
 
@@ -14,11 +16,15 @@ async def stop_everything_offline(state_dir: Path) -> int:
         return 0
     store = Store(state_dir / "store.db")
     try:
-        provider = LocalProvider()
+        # The same providers as the daemon's: a cluster on a host pool is stopped on its hosts too.
+        provider = ProviderRouter(LocalProvider(), PoolClusters(store, state_dir))
         clusters = store.list_clusters()
-        for cluster in clusters:
-            await provider.stop(cluster)
-            store.remove_cluster(cluster.name)
+        try:
+            for cluster in clusters:
+                await provider.stop(cluster)
+                store.remove_cluster(cluster.name)
+        finally:
+            await provider.close()
         if (state_dir / "dataplane").is_dir():
             dataplane = DataPlane(state_dir)
             await dataplane.stop()  # the recorded Envoy processes, without starting any

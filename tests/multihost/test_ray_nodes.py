@@ -17,19 +17,9 @@ import psutil
 import pytest
 
 from servekeeper.model.hostpool import HostSpec, parse_host_pool
-from servekeeper.providers.ssh_nodes import (
-    HeadPorts,
-    NodeUnreachable,
-    RemoteNode,
-    SshNodes,
-    auth_headers,
-    cluster_dir,
-    head_argv,
-    new_cluster_token,
-    read_cluster_token,
-    save_cluster_token,
-    worker_argv,
-)
+from servekeeper.providers.cluster_token import auth_headers, new_cluster_token, read_cluster_token, save_cluster_token
+from servekeeper.providers.node_argv import HeadPorts, RemoteNode, cluster_dir, head_argv, worker_argv
+from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
 from tests.fleet import Fleet
 
 pytestmark = [pytest.mark.multihost, pytest.mark.ray, pytest.mark.timeout(240)]

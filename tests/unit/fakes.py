@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from servekeeper.core.health import parse_applications
-from servekeeper.dataplane import DataPlaneError, RouteObservation, ServiceRoute
+from servekeeper.dataplane import DataPlaneError, Endpoint, RouteObservation, ServiceRoute
 from servekeeper.model.spec import RayClusterConfigSpec
 from servekeeper.model.status import AppState, ClusterRecord
+from servekeeper.providers.base import ClusterRecords, Liveness, RecordChanges
+from servekeeper.providers.local import process_liveness, store_with_local_ports
 from servekeeper.rayapi.package import Package
 from servekeeper.rayapi.serve_api import RetryableServeError
 
@@ -30,7 +32,8 @@ class FakeClock:
 
 
 class FakeProvider:
-    """The `ClusterProvider` protocol over a dict of pretend processes.
+    """The `ClusterProvider` protocol over a dict of pretend processes, as the local provider
+    (its ports allocated and its liveness judged by the local provider's own functions).
 
     Controls: `set_alive()`, `start_head_error`, `start_workers_error`, `workers_gate` (a start
     of workers waits for it), `stop_error`, `leftovers` (pids a stop leaves alive), and
@@ -51,6 +54,11 @@ class FakeProvider:
     def set_alive(self, cluster: str, alive: bool = True) -> None:
         self.alive[cluster] = alive
 
+    async def create(
+        self, draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords
+    ) -> ClusterRecord:
+        return store_with_local_ports(draft, config, records)
+
     def start_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
         self.calls.append(("start_head", cluster.name))
         if self.before_start_head is not None:
@@ -60,10 +68,11 @@ class FakeProvider:
         self.alive[cluster.name] = True
         return cluster.with_changes(head_pid=next(self._pids))
 
-    async def start_workers(
-        self, cluster: ClusterRecord, config: RayClusterConfigSpec, on_spawn: Callable[[ClusterRecord], None]
-    ) -> ClusterRecord:
-        self.calls.append(("start_workers", cluster.name))
+    def needs_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> bool:
+        return len(cluster.worker_pids) < config.worker_count()
+
+    async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
+        self.calls.append(("start_nodes", cluster.name))
         if self.workers_gate is not None:
             await self.workers_gate.wait()
         if self.start_workers_error is not None:
@@ -71,9 +80,22 @@ class FakeProvider:
         pids = list(cluster.worker_pids)
         while len(pids) < config.worker_count():
             pids.append(next(self._pids))
-            cluster = cluster.with_changes(worker_pids=tuple(pids))
-            on_spawn(cluster)
-        return cluster
+            record(worker_pids=tuple(pids))
+
+    def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:
+        return cluster.with_changes(worker_pids=tuple(pid for pid in cluster.worker_pids if pid not in pids))
+
+    async def liveness(self, cluster: ClusterRecord) -> Liveness:
+        return process_liveness(self, cluster)
+
+    def endpoints(self, cluster: ClusterRecord, grpc: bool) -> tuple[Endpoint, ...]:
+        return (Endpoint("127.0.0.1", cluster.ports.serve_grpc if grpc else cluster.ports.serve_http),)
+
+    def headers(self, cluster: ClusterRecord) -> dict[str, str]:
+        return {}
+
+    async def close(self) -> None:
+        return None
 
     def processes_alive(self, cluster: ClusterRecord) -> bool:
         return cluster.head_pid is not None and self.alive.get(cluster.name, False)
@@ -84,7 +106,7 @@ class FakeProvider:
     def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str:
         return f"pid {worker_pid or cluster.head_pid} exited with status 1"
 
-    async def stop(self, cluster: ClusterRecord) -> list[int]:
+    async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> list[int]:
         self.calls.append(("stop", cluster.name))
         if self.stop_error is not None:
             raise self.stop_error

@@ -22,8 +22,9 @@ import asyncssh
 
 from servekeeper.model.hostpool import HostSpec
 from servekeeper.model.status import NodePorts
+from servekeeper.providers.node_argv import RemoteNode, cluster_dir
 from servekeeper.providers.ssh import HostUnreachable, SshError
-from servekeeper.providers.ssh_nodes import NodeUnreachable, RemoteNode, SshNodes, cluster_dir
+from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
 from tests.unit.test_hostpool import host
 
 

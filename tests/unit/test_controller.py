@@ -105,7 +105,7 @@ class World:
     async def background_settled(self) -> None:
         """Wait (briefly, in real time) until every start and stop task has ended."""
         for _ in range(200):
-            if not self.controller._background:
+            if not self.controller.executor.background:
                 return
             await asyncio.sleep(0.005)
         raise AssertionError(f"background tasks still running: {self.controller.debug_state()}")
@@ -418,12 +418,12 @@ async def test_a_worker_start_raising_fails_the_cluster_and_the_task_is_pruned(w
     world.apply(make_spec(workers=1))
     await world.tick()
     pending = world.only(ClusterRole.PENDING)
-    task = world.controller._background[pending.name]
+    task = world.controller.executor.background[pending.name]
     assert task.get_name() == f"start-{pending.name}"
     world.provider.release_workers()
     await task
     await world.background_settled()
-    assert pending.name not in world.controller._background
+    assert pending.name not in world.controller.executor.background
     assert world.cluster(pending.name).failure_reason == "StartFailed: no memory for the raylet"
 
     world.clock.advance(1)
@@ -441,7 +441,7 @@ async def test_workers_started_in_the_background_are_recorded_as_they_spawn(worl
     assert pending.worker_pids == ()
     world.clock.advance(1)
     await world.tick()  # still starting: the next tick does not start it twice
-    assert world.provider.calls.count(("start_workers", pending.name)) == 1
+    assert world.provider.calls.count(("start_nodes", pending.name)) == 1
     world.provider.release_workers()
     await world.background_settled()
     assert len(world.cluster(pending.name).worker_pids) == 2
@@ -496,7 +496,7 @@ async def test_shutdown_waits_for_background_starts(world: World) -> None:
     world.provider.release_workers()
     await asyncio.wait_for(shutdown, 5)
     assert len(world.cluster(pending.name).worker_pids) == 1
-    assert world.controller._background == {}
+    assert world.controller.executor.background == {}
 
 
 async def test_shutdown_with_stop_clusters_cancels_starts_and_stops_every_cluster(world: World) -> None:
@@ -504,7 +504,7 @@ async def test_shutdown_with_stop_clusters_cancels_starts_and_stops_every_cluste
     world.apply(make_spec(workers=1))
     await world.tick()
     pending = world.only(ClusterRole.PENDING)
-    task = world.controller._background[pending.name]
+    task = world.controller.executor.background[pending.name]
     await asyncio.wait_for(world.controller.shutdown(stop_clusters=True), 5)
     assert task.cancelled()
     assert ("stop", pending.name) in world.provider.calls
@@ -810,7 +810,7 @@ async def test_a_failed_in_place_change_is_stored_even_when_its_restore_cannot_r
     active = await world.roll_out()
     with world.store.transaction() as tx:  # a store from before documents were kept
         tx.execute("UPDATE submissions SET document_json = NULL")
-    world.controller._documents.clear()
+    world.controller.documents.cache.clear()
     world.apply(make_spec(msg="broken"))
     await world.tick()
     world.serve.set_status("DEPLOY_FAILED", "constructor raised")

@@ -14,7 +14,7 @@ import pytest
 
 from servekeeper.model.spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterRole, NodePlacement
-from servekeeper.providers.ssh_nodes import save_cluster_token, token_dir
+from servekeeper.providers.cluster_token import save_cluster_token, token_dir
 from servekeeper.rayapi.jobs import NoSuchCluster, env_lines, pool_access, submit_job
 from servekeeper.views.service import cluster_view
 from tests.unit.ssh_fakes import pool_document

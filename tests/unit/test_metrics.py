@@ -77,7 +77,7 @@ class World:
         self.clock.advance(seconds)
         await self.controller.tick(NAME)
         for _ in range(200):  # cluster starts run in the background
-            if not self.controller._background:
+            if not self.controller.executor.background:
                 break
             await asyncio.sleep(0.005)
 

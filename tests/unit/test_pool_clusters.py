@@ -19,10 +19,12 @@ from servekeeper.controller.loop import Controller
 from servekeeper.model.hostpool import parse_host_pool
 from servekeeper.model.spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterRecord, ClusterRole, NodePlacement
-from servekeeper.providers.pool import PoolClusters, Shortfall
+from servekeeper.providers.cluster_token import read_cluster_token
+from servekeeper.providers.pool import PoolClusters
+from servekeeper.providers.pool_placement import Shortfall
 from servekeeper.providers.ports import PortAllocator
+from servekeeper.providers.router import ProviderRouter
 from servekeeper.providers.ssh import CommandFailed, HostKeyRefused, HostUnreachable
-from servekeeper.providers.ssh_nodes import read_cluster_token
 from servekeeper.store.store import Store
 from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe
 from tests.unit.ssh_fakes import FakeFleet, FakeSshConnection, pool_document
@@ -45,13 +47,12 @@ async def world(tmp_path: Path) -> AsyncIterator[PoolWorld]:
     pools = PoolClusters(store, tmp_path, ssh_nodes=fleet)
     controller = Controller(
         store,
-        provider,
+        ProviderRouter(provider, pools),
         dataplane,
         session,
         tmp_path,
         clock=clock,
         serve=serve,  # type: ignore[arg-type]
-        pools=pools,
     )
     world = PoolWorld(store, provider, serve, dataplane, clock, controller)
     world.fleet, world.pools = fleet, pools
@@ -133,7 +134,7 @@ async def test_a_start_cancelled_during_a_launch_records_the_node_then_is_cancel
     world.fleet.launch_gate = asyncio.Event()
     await world.tick()
     pending = world.only(ClusterRole.PENDING)
-    start = world.controller._background[pending.name]
+    start = world.controller.executor.background[pending.name]
     await world.fleet.launching.wait()
     start.cancel()
     await asyncio.sleep(0.01)
@@ -155,7 +156,7 @@ async def test_a_delete_during_a_launch_stops_the_node_once_it_is_recorded(world
     stops_before = len(world.fleet.stopped)  # the start's own stop by tag, before its launch
     world.store.mark_deleting(NAME)
     await world.tick()  # deletes the cluster: its start is cancelled, its stop begins
-    assert world.controller._background[pending.name].get_name() == f"stop-{pending.name}"
+    assert world.controller.executor.background[pending.name].get_name() == f"stop-{pending.name}"
     await asyncio.sleep(0.01)
     assert len(world.fleet.stopped) == stops_before  # the stop waits for the launch under way
     world.fleet.launch_gate.set()
@@ -185,13 +186,13 @@ def draft(name: str, config: RayClusterConfigSpec) -> ClusterRecord:
 
 
 async def started(pools: PoolClusters, store: Store, name: str, config: RayClusterConfigSpec) -> ClusterRecord:
-    cluster = await pools.new_record(draft(name, config), config)
-    pools.put_new(cluster)
+    cluster = await pools.new_record(draft(name, config), config, store)
+    pools.put_new(cluster, store)
 
-    def record(updated: ClusterRecord) -> None:
-        store.update_cluster(updated.name, nodes=updated.nodes)
+    def record(**changes: Any) -> None:
+        store.update_cluster(name, nodes=changes["nodes"])
 
-    await pools.start(cluster, config, record)
+    await pools.start_nodes(cluster, config, record)
     return store.get_cluster(name)  # type: ignore[return-value]
 
 
@@ -205,8 +206,8 @@ async def test_a_node_stopped_for_sure_frees_its_room_while_another_resists(tmp_
     assert (head.host, worker.host) == ("a", "b")
     fleet.leftovers[worker.temp_dir] = [4242]  # survives SIGKILL on b
 
-    def record(updated: ClusterRecord) -> None:
-        store.update_cluster(updated.name, nodes=updated.nodes)
+    def record(**changes: Any) -> None:
+        store.update_cluster("old", nodes=changes["nodes"])
 
     assert await pools.stop(old, record) == ["b:4242"]
     head, worker = store.get_cluster("old").nodes  # type: ignore[union-attr]
@@ -214,7 +215,7 @@ async def test_a_node_stopped_for_sure_frees_its_room_while_another_resists(tmp_
     assert [(host, [u["cluster"] for u in used]) for host, used in usage(store, "fleet").items()] == [("b", ["old"])]
 
     one_host = pool_spec(workers=0, cpus=4).spec.rayClusterConfig
-    new = await pools.new_record(draft("new", one_host), one_host)
+    new = await pools.new_record(draft("new", one_host), one_host, store)
     assert [node.host for node in new.nodes] == ["a"]  # the room the stopped head left
 
     del fleet.leftovers[worker.temp_dir]
@@ -269,7 +270,7 @@ async def test_the_token_is_saved_with_the_record_and_goes_if_storing_fails(
     store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4))).to_json(), 1.0)
     pools = PoolClusters(store, tmp_path, ssh_nodes=FakeFleet())
     config = pool_spec(workers=0, cpus=1).spec.rayClusterConfig
-    cluster = await pools.new_record(draft("c1", config), config)
+    cluster = await pools.new_record(draft("c1", config), config, store)
     assert not (tmp_path / "tokens" / "c1.token").exists()  # placed, not stored: no token yet
 
     def disk_full(cluster: ClusterRecord) -> None:
@@ -277,10 +278,10 @@ async def test_the_token_is_saved_with_the_record_and_goes_if_storing_fails(
 
     monkeypatch.setattr(store, "put_cluster", disk_full)
     with pytest.raises(sqlite3.OperationalError):
-        pools.put_new(cluster)
+        pools.put_new(cluster, store)
     assert not (tmp_path / "tokens" / "c1.token").exists()
     monkeypatch.undo()
-    pools.put_new(cluster)
+    pools.put_new(cluster, store)
     assert store.get_cluster("c1") is not None and len(read_cluster_token(tmp_path / "tokens", "c1")) == 64
     await pools.close()
 

@@ -12,6 +12,8 @@ import pytest
 
 from servekeeper.model.hostpool import HostSpec, parse_host_pool
 from servekeeper.model.status import NodePorts
+from servekeeper.providers.cluster_token import new_cluster_token, read_cluster_token, save_cluster_token
+from servekeeper.providers.node_argv import HeadPorts, RemoteNode, cluster_dir, head_argv, worker_argv
 from servekeeper.providers.ssh import (
     CommandFailed,
     CommandTimeout,
@@ -24,16 +26,6 @@ from servekeeper.providers.ssh import (
     controller_versions,
     version_mismatch,
     with_retries,
-)
-from servekeeper.providers.ssh_nodes import (
-    HeadPorts,
-    RemoteNode,
-    cluster_dir,
-    head_argv,
-    new_cluster_token,
-    read_cluster_token,
-    save_cluster_token,
-    worker_argv,
 )
 from tests.unit.ssh_fakes import FakeSshConnection
 from tests.unit.test_hostpool import VALID

@@ -1,10 +1,19 @@
-"""The interface every cluster provider implements (local processes today, Kubernetes later)."""
+"""The one interface every cluster provider implements: Ray clusters as local process groups
+(`local.py`) and clusters on a host pool over SSH (`pool.py`), picked per cluster by
+`router.py`. The controller holds one provider and never asks which one it is.
+
+Errors are one tree, translated at each provider's edge: a `RetryableProviderError` may mend by
+itself (the pool is full now, a host does not answer), a `PermanentProviderError` will not
+(a host refuses us for good). A bare `ProviderError` is a cluster that could not be started or
+stopped, for the reason its message gives.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
+from servekeeper.dataplane import Endpoint
 from servekeeper.model.spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterRecord
 
@@ -13,36 +22,91 @@ class ProviderError(RuntimeError):
     """A cluster could not be started or stopped; the message says why."""
 
 
+class RetryableProviderError(ProviderError):
+    """Waiting may mend it (no room now, a host silent): the caller tries again later."""
+
+
+class PermanentProviderError(ProviderError):
+    """Waiting will not mend it (a host refuses our key or login, its python is not there)."""
+
+
+class NodeStartFailed(RetryableProviderError):
+    """A node of a cluster already serving did not start: the cluster stays (one node short,
+    unhealthy until it runs) and the start is tried again."""
+
+
+class Liveness(NamedTuple):
+    head_alive: bool
+    dead_workers: list[int]
+    reason: str | None
+    exited_workers: tuple[int, ...] = ()  # of the dead: known to have exited, so restartable in place
+
+
+# Records at once what a start or stop learned of one cluster: `record(**changes)`, the
+# changes to its stored record (pids, nodes).
+RecordChanges = Callable[..., None]
+
+
+class ClusterRecords(Protocol):
+    """The part of the store a provider sees when it places a new cluster."""
+
+    def list_clusters(self) -> list[ClusterRecord]: ...
+
+    def put_cluster(self, cluster: ClusterRecord) -> None: ...
+
+
 class ClusterProvider(Protocol):
-    def start_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
-        """Spawn the head without waiting; return the record with `head_pid` set."""
-        ...
-
-    async def start_workers(
-        self, cluster: ClusterRecord, config: RayClusterConfigSpec, on_spawn: Callable[[ClusterRecord], None]
+    async def create(
+        self, draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords
     ) -> ClusterRecord:
-        """Start the worker nodes not running yet; idempotent after a crash."""
+        """Place `draft` (its ports, its nodes) and store its record before anything starts
+        (intent first); two creations never take the same room or ports. Raises
+        RetryableProviderError when it cannot be placed now, PermanentProviderError when it
+        never will be as specified."""
         ...
 
-    def processes_alive(self, cluster: ClusterRecord) -> bool:
-        """Is the cluster's head running (the cluster was started and has not died)?"""
+    def start_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
+        """The part of a start done inside a tick, without waiting: a local head is spawned (the
+        record returned has its `head_pid`); a cluster whose nodes all start over the network
+        comes back unchanged. Raises ProviderError or OSError: the start failed."""
         ...
 
-    async def stop(self, cluster: ClusterRecord) -> list[int]:
-        """Stop every process of the cluster and remove its temp dir.
-
-        Returns the pids still alive afterwards (empty when all went well).
-        """
+    def needs_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> bool:
+        """Is there a node left for `start_nodes` to start?"""
         ...
 
-    def dead_workers(self, cluster: ClusterRecord) -> list[int]:
-        """Worker nodes that were started and are gone."""
+    async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
+        """Start the nodes not running yet (idempotent after a crash); `record` gets each pid at
+        once. Raises NodeStartFailed when a node of a serving cluster did not start."""
         ...
 
-    def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str:
-        """Why a node exited, from its log."""
+    def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:
+        """The record with these exited worker nodes cleared, to be started again in place."""
         ...
 
-    def leftover_pids(self, cluster: ClusterRecord) -> list[int]:
-        """Processes of the cluster still alive (for leak checks)."""
+    async def liveness(self, cluster: ClusterRecord) -> Liveness:
+        """Whether the head runs, which workers do not, and why; never holds a tick long."""
         ...
+
+    def endpoints(self, cluster: ClusterRecord, grpc: bool) -> tuple[Endpoint, ...]:
+        """Where the cluster's Serve proxies listen (HTTP, or gRPC), for the data plane."""
+        ...
+
+    def headers(self, cluster: ClusterRecord) -> dict[str, str]:
+        """What every call to the cluster's dashboard (Serve REST, packages) carries."""
+        ...
+
+    async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> Sequence[int | str]:
+        """Stop every process of the cluster; what is still alive afterwards (empty when all is
+        gone). `record` gets each part stopped for sure at once (its room is free again)."""
+        ...
+
+    async def close(self) -> None:
+        """Let go of connections; running clusters are left running."""
+        ...
+
+
+def headers_kwargs(provider: ClusterProvider, cluster: ClusterRecord) -> dict[str, Any]:
+    """Keyword arguments of a Serve API call to `cluster`: its auth headers, when it has any."""
+    headers = provider.headers(cluster)
+    return {"headers": headers} if headers else {}

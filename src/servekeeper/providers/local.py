@@ -17,15 +17,19 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
 from servekeeper.controller.hooks import Hooks
+from servekeeper.dataplane import Endpoint
 from servekeeper.model.spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
-from servekeeper.model.status import ClusterRecord, NodePorts
-from servekeeper.providers.base import ProviderError
+from servekeeper.model.status import ClusterRecord
+from servekeeper.providers.base import ClusterRecords, Liveness, ProviderError, RecordChanges
+from servekeeper.providers.ports import PortAllocator
+from servekeeper.providers.ray_start import node_port_args, param_args, resource_args
 
 logger = logging.getLogger(__name__)
 
@@ -44,31 +48,6 @@ def ray_executable() -> str:
     return found
 
 
-def _param_args(params: dict[str, str | int | float | bool]) -> list[str]:
-    args: list[str] = []
-    for key, value in sorted(params.items()):
-        if value is True:
-            args.append(f"--{key}")
-        elif value is False:
-            continue
-        else:
-            args.append(f"--{key}={value}")
-    return args
-
-
-def _node_port_args(ports: NodePorts) -> list[str]:
-    return [
-        f"--node-manager-port={ports.node_manager}",
-        f"--object-manager-port={ports.object_manager}",
-        f"--metrics-export-port={ports.metrics_export}",
-        f"--dashboard-agent-listen-port={ports.agent_listen}",
-        f"--dashboard-agent-grpc-port={ports.agent_grpc}",
-        f"--runtime-env-agent-port={ports.runtime_env_agent}",
-        f"--min-worker-port={ports.min_worker}",
-        f"--max-worker-port={ports.max_worker}",
-    ]
-
-
 def head_command(cluster: ClusterRecord, head: HeadGroupSpec) -> list[str]:
     ports = cluster.ports
     return [
@@ -81,21 +60,12 @@ def head_command(cluster: ClusterRecord, head: HeadGroupSpec) -> list[str]:
         "--dashboard-host=127.0.0.1",
         "--node-ip-address=127.0.0.1",
         f"--ray-client-server-port={ports.client_server}",
-        *_node_port_args(ports.node_ports[0]),
+        *node_port_args(ports.node_ports[0]),
         f"--temp-dir={cluster.temp_dir}",
-        *_resource_args(head),
+        *resource_args(head),
         "--disable-usage-stats",
-        *_param_args(head.rayStartParams),
+        *param_args(head.rayStartParams),
     ]
-
-
-def _resource_args(group: HeadGroupSpec) -> list[str]:
-    args = [f"--num-cpus={group.numCpus:g}"]
-    if group.numGpus is not None:
-        args.append(f"--num-gpus={group.numGpus:g}")
-    if group.memory is not None:
-        args.append(f"--memory={group.memory}")
-    return args
 
 
 def worker_command(cluster: ClusterRecord, node_index: int, group: WorkerGroupSpec) -> list[str]:
@@ -105,11 +75,11 @@ def worker_command(cluster: ClusterRecord, node_index: int, group: WorkerGroupSp
         "--block",
         f"--address=127.0.0.1:{cluster.ports.gcs}",
         "--node-ip-address=127.0.0.1",
-        *_node_port_args(cluster.ports.node_ports[node_index]),
+        *node_port_args(cluster.ports.node_ports[node_index]),
         f"--temp-dir={cluster.temp_dir}",
-        *_resource_args(group),
+        *resource_args(group),
         "--disable-usage-stats",
-        *_param_args(group.rayStartParams),
+        *param_args(group.rayStartParams),
     ]
 
 
@@ -220,18 +190,16 @@ class LocalProvider:
         logger.info("[%s/%s] head started, pid %d", cluster.service, cluster.name, pid)
         return cluster.with_changes(head_pid=pid)
 
-    async def start_workers(
-        self,
-        cluster: ClusterRecord,
-        config: RayClusterConfigSpec,
-        on_spawn: Callable[[ClusterRecord], None],
-    ) -> ClusterRecord:
+    def needs_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> bool:
+        return len(cluster.worker_pids) < config.worker_count()
+
+    async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
         """Start the worker raylets not running yet, once the head's GCS accepts connections.
 
-        `on_spawn` records each new pid at once, so a crash never leaves an unknown process.
+        `record` gets each new pid at once, so a crash never leaves an unknown process.
         """
         if len(cluster.worker_pids) >= config.worker_count():
-            return cluster
+            return
         if not await _wait_for_port(cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
             raise ProviderError(f"the head's GCS did not open port {cluster.ports.gcs}; see {cluster.log_dir}")
         node_index = 0
@@ -244,8 +212,29 @@ class LocalProvider:
                 log_path = Path(cluster.log_dir) / _worker_log_names(cluster)[node_index - 1]
                 pid = self._spawn(command, _environment(cluster, group.env, loopback_only=False), log_path)
                 cluster = cluster.with_changes(worker_pids=cluster.worker_pids + (pid,))
-                on_spawn(cluster)
-        return cluster
+                record(worker_pids=cluster.worker_pids)
+
+    async def create(
+        self, draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords
+    ) -> ClusterRecord:
+        return store_with_local_ports(draft, config, records)
+
+    def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:
+        gone = set(pids)
+        return cluster.with_changes(worker_pids=tuple(pid for pid in cluster.worker_pids if pid not in gone))
+
+    async def liveness(self, cluster: ClusterRecord) -> Liveness:
+        # Process checks and log reads block: in a worker thread, never on the loop.
+        return await asyncio.to_thread(process_liveness, self, cluster)
+
+    def endpoints(self, cluster: ClusterRecord, grpc: bool) -> tuple[Endpoint, ...]:
+        return (Endpoint("127.0.0.1", cluster.ports.serve_grpc if grpc else cluster.ports.serve_http),)
+
+    def headers(self, cluster: ClusterRecord) -> dict[str, str]:
+        return {}  # a local cluster listens on loopback only, without token authentication
+
+    async def close(self) -> None:
+        return None
 
     def processes_alive(self, cluster: ClusterRecord) -> bool:
         self._reap()
@@ -280,7 +269,7 @@ class LocalProvider:
         pids.update(process.pid for process in tagged_processes(cluster.log_dir))
         return sorted(pids)
 
-    async def stop(self, cluster: ClusterRecord) -> list[int]:
+    async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> list[int]:
         sessions = await asyncio.to_thread(_our_sessions, cluster)
         for session in sessions:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -307,6 +296,35 @@ class LocalProvider:
             if not alive or loop.time() >= deadline:
                 return alive
             await asyncio.sleep(0.25)
+
+
+def store_with_local_ports(
+    draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords
+) -> ClusterRecord:
+    """`draft` with ports free on this machine and taken by no other cluster, stored."""
+    reserved = [port for other in records.list_clusters() for port in other.ports.all_ports()]
+    cluster = draft.with_changes(ports=PortAllocator(reserved).cluster(worker_nodes=config.worker_count()))
+    records.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown
+    return cluster
+
+
+class ProcessChecks(Protocol):
+    def processes_alive(self, cluster: ClusterRecord) -> bool: ...
+
+    def dead_workers(self, cluster: ClusterRecord) -> list[int]: ...
+
+    def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str: ...
+
+
+def process_liveness(checks: ProcessChecks, cluster: ClusterRecord) -> Liveness:
+    """A local cluster's liveness from its process checks and, for a node gone, its log."""
+    if not checks.processes_alive(cluster):
+        reason = checks.exit_reason(cluster) if cluster.head_pid is not None else None
+        return Liveness(False, [], reason)
+    dead = checks.dead_workers(cluster)
+    if dead:
+        return Liveness(True, dead, f"worker pid {dead[0]} exited: {checks.exit_reason(cluster, dead[0])}")
+    return Liveness(True, [], None)
 
 
 def _alive_members(sessions: tuple[int, ...], log_dir: str) -> list[int]:

@@ -1,14 +1,12 @@
-"""Clusters on a host pool: placement, ports on each host, the cluster's token, and its nodes
-started, watched and stopped over SSH (`providers/ssh_nodes.py`).
+"""Clusters on a host pool, the `ClusterProvider` for them: placed (`pool_placement.py`), with
+a token of their own (`cluster_token.py`), their nodes started, watched and stopped over SSH
+(`ssh_nodes.py`).
 
-The controller writes a pool cluster's record (placement and ports) before any node starts,
-and each node's pid once it runs, so a restarted controller finds every node again. A node
+A pool cluster's record (placement and ports) is stored before any node starts, and each
+node's pid once it runs, so a restarted controller finds every node again. A node
 whose start was cut short is found by its tag and stopped before it is started again; a start
 cancelled by a delete still records the node it was launching. A stop records each node it
 stopped for sure: its room is free again while the rest of the cluster may still resist.
-
-A host that does not answer is left out of placement (it may come back); one that refuses for
-good (host key, login, its python) fails the rollout with that error.
 """
 
 from __future__ import annotations
@@ -19,31 +17,34 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, TypeVar
 
-from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, nodes_taking_room, place
+from servekeeper.core.placement import free_room, node_needs, place
 from servekeeper.dataplane import Endpoint
 from servekeeper.model.hostpool import HostPoolSpec, HostSpec
 from servekeeper.model.spec import HeadGroupSpec, RayClusterConfigSpec
-from servekeeper.model.status import ClusterPorts, ClusterRecord, NodePlacement
-from servekeeper.providers.base import ProviderError
-from servekeeper.providers.local import _param_args, _resource_args
-from servekeeper.providers.ssh import CommandTimeout, HostConnection, SshError
-from servekeeper.providers.ssh_nodes import (
-    HeadPorts,
-    NodeUnreachable,
-    RemoteNode,
-    SshNodes,
+from servekeeper.model.status import ClusterRecord, ClusterRole, NodePlacement
+from servekeeper.providers.base import (
+    ClusterRecords,
+    Liveness,
+    NodeStartFailed,
+    PermanentProviderError,
+    ProviderError,
+    RecordChanges,
+)
+from servekeeper.providers.cluster_token import (
     auth_headers,
-    cluster_dir,
-    head_argv,
     new_cluster_token,
     read_cluster_token,
     save_cluster_token,
     token_dir,
     token_file,
-    worker_argv,
 )
+from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
+from servekeeper.providers.pool_placement import Shortfall, host_rooms, place_cluster
+from servekeeper.providers.ray_start import group_args
+from servekeeper.providers.ssh import HostConnection, SshError
+from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
 from servekeeper.store.store import Store
 
 logger = logging.getLogger(__name__)
@@ -52,25 +53,7 @@ LIVENESS_CACHE_SECONDS = 2.0  # an SSH round trip per node per look is too much 
 # A look at a node never holds a tick longer than this: a host cut off the network does not
 # refuse, it stays silent, and SSH would wait for its own timeouts and retries.
 LIVENESS_TIMEOUT_SECONDS = 4.0
-REACH_TIMEOUT_SECONDS = 5.0
-ALLOCATE_TIMEOUT_SECONDS = 20.0  # ports probed on each host: a host falling silent must not hold the tick
 T = TypeVar("T")
-
-
-class Liveness(NamedTuple):
-    head_alive: bool
-    dead_workers: list[int]
-    reason: str | None
-    exited_workers: tuple[int, ...] = ()  # of the dead: exited on a host that answered
-
-
-class Shortfall(Exception):
-    """The pool cannot hold the cluster now (or has no such pool): the rollout waits."""
-
-
-class HostRefused(Exception):
-    """A host picked for the cluster refuses in a way that waiting does not mend (its host key,
-    the login, its python): the rollout fails with it. The message names the host."""
 
 
 def pool_problems(store: Store, config: RayClusterConfigSpec) -> list[str]:
@@ -89,8 +72,7 @@ def pool_problems(store: Store, config: RayClusterConfigSpec) -> list[str]:
             problems.append(f"{path}.host: {group.host!r} is not a host of pool {config.hostPool!r} ({sorted(names)})")
     if problems:
         return problems
-    rooms = [HostRoom(h.name, h.resources.cpus, h.resources.gpus, int(h.resources.memoryGiB * 2**30)) for h in hosts]
-    chosen = place(node_needs(config), free_room(rooms, []))
+    chosen = place(node_needs(config), free_room(host_rooms(record.spec()), []))
     if isinstance(chosen, str):
         return [f"spec.rayClusterConfig: InsufficientCapacity: even the empty pool cannot hold it: {chosen}"]
     return []
@@ -153,101 +135,41 @@ class PoolClusters:
 
     # -- a new cluster -----------------------------------------------------------------------------
 
-    async def new_record(self, draft: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
+    async def create(
+        self, draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords
+    ) -> ClusterRecord:
+        """`draft` placed on the pool and stored with its token; a cluster a host refuses for
+        good is stored failed, without nodes (nothing to stop), so that its rollout fails with
+        the host's refusal. Raises Shortfall (or another RetryableProviderError) to wait."""
+        assert config.hostPool is not None
+        async with self.creating:  # the pool's room and ports, as seen, until stored
+            try:
+                cluster = await self.new_record(draft, config, records)
+            except PermanentProviderError as exc:
+                failed = draft.with_changes(pool=config.hostPool, failure_reason=f"StartFailed: {exc}")
+                records.put_cluster(failed)
+                return failed
+            self.put_new(cluster, records)  # intent first (and the cluster's token)
+            return cluster
+
+    async def new_record(
+        self, draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords
+    ) -> ClusterRecord:
         """`draft` with its nodes placed on the pool's hosts and ports allocated there; raises
         Shortfall when the pool cannot hold it now, HostRefused when a host picked refuses for good."""
         assert config.hostPool is not None
         pool = self.pool(config.hostPool)
-        rooms = [
-            HostRoom(h.name, h.resources.cpus, h.resources.gpus, int(h.resources.memoryGiB * 2**30))
-            for h in pool.spec.hosts
-        ]
-        placed: list[tuple[str, NodeNeed]] = []
-        reserved: set[int] = set()
-        for other in self.store.list_clusters():
-            reserved.update(other.ports.all_ports())
-            if other.pool == config.hostPool:
-                placed += [(node.host, need) for node, need in nodes_taking_room(other)]
-        ssh = self.ssh(config.hostPool)
-        chosen = place(node_needs(config), free_room(rooms, placed))
-        unreachable: set[str] = set()
-        if not isinstance(chosen, str):
-            # Only the hosts picked are probed (a rollout waiting for room probes nothing), and a
-            # lost one gets no new node: placed again without it.
-            unreachable = await self._unreachable(ssh, sorted(set(chosen)))
-            if unreachable:
-                rooms = [room for room in rooms if room.name not in unreachable]
-                chosen = place(node_needs(config), free_room(rooms, placed))
-        if isinstance(chosen, str):
-            lost = f" (unreachable: {sorted(unreachable)})" if unreachable else ""
-            raise Shortfall(f"host pool {config.hostPool!r}: {chosen}{lost}")
-        try:
-            return await asyncio.wait_for(self._allocate(draft, config, chosen, reserved), ALLOCATE_TIMEOUT_SECONDS)
-        except asyncio.TimeoutError as exc:
-            raise ProviderError(f"allocating ports took more than {ALLOCATE_TIMEOUT_SECONDS:g}s") from exc
+        return await place_cluster(pool, self.ssh(config.hostPool), records.list_clusters(), draft, config)
 
-    async def _allocate(
-        self, draft: ClusterRecord, config: RayClusterConfigSpec, chosen: list[str], reserved: set[int]
-    ) -> ClusterRecord:
-        assert config.hostPool is not None
-        ssh = self.ssh(config.hostPool)
-        try:
-            # Serve's proxies listen on one port on every node: free on all of the cluster's hosts.
-            serve_http, serve_grpc = await ssh.ports_free_on_all(sorted(set(chosen)), 2, sorted(reserved))
-            reserved.update((serve_http, serve_grpc))
-            head_ports, singles = await ssh.node_ports(chosen[0], sorted(reserved), extra=3)
-            reserved.update(head_ports.all_ports() + singles)
-            node_ports = [head_ports]
-            for host in chosen[1:]:
-                ports, _ = await ssh.node_ports(host, sorted(reserved))
-                reserved.update(ports.all_ports())
-                node_ports.append(ports)
-        except SshError as exc:
-            if not exc.retryable:
-                raise HostRefused(str(exc)) from exc
-            raise ProviderError(f"allocating ports: {exc}") from exc
-        gcs, dashboard, client_server = singles
-        nodes = tuple(
-            NodePlacement(
-                host=host,
-                address=ssh.host(host).address,
-                role="head" if index == 0 else "worker",
-                ports=ports,
-                temp_dir=f"{cluster_dir(ssh.host(host), draft.name)}/n{index}",
-            )
-            for index, (host, ports) in enumerate(zip(chosen, node_ports, strict=True))
-        )
-        cluster_ports = ClusterPorts(gcs, dashboard, client_server, serve_http, serve_grpc, tuple(node_ports))
-        return draft.with_changes(pool=config.hostPool, nodes=nodes, ports=cluster_ports)
-
-    def put_new(self, cluster: ClusterRecord) -> None:
+    def put_new(self, cluster: ClusterRecord, records: ClusterRecords) -> None:
         """Store a new cluster's record (from `new_record`) and save its token with it: the token
         file goes again if the record could not be stored, so that none outlives its cluster."""
         path = save_cluster_token(self.token_dir, cluster.name, new_cluster_token())
         try:
-            self.store.put_cluster(cluster)
+            records.put_cluster(cluster)
         except BaseException:
             path.unlink(missing_ok=True)
             raise
-
-    async def _unreachable(self, ssh: SshNodes, hosts: list[str]) -> set[str]:
-        """The hosts that do not answer now (placed without them: they may come back); a host
-        that refuses (host key, login, a command failing) raises HostRefused."""
-
-        async def failure(name: str) -> SshError | None:
-            try:
-                await asyncio.wait_for(ssh.probe(name, REACH_TIMEOUT_SECONDS), REACH_TIMEOUT_SECONDS + 1)
-            except asyncio.TimeoutError:
-                return CommandTimeout(name, f"no answer within {REACH_TIMEOUT_SECONDS + 1:g}s")
-            except SshError as exc:
-                return exc
-            return None
-
-        failures = await asyncio.gather(*(failure(name) for name in hosts))
-        refused = [exc for exc in failures if exc is not None and not exc.retryable]
-        if refused:
-            raise HostRefused(str(refused[0])) from refused[0]
-        return {name for name, exc in zip(hosts, failures, strict=True) if exc is not None}
 
     # -- starting, watching, stopping --------------------------------------------------------------
 
@@ -265,15 +187,41 @@ class PoolClusters:
         # Two nodes on one host share its address and Serve's one proxy port: one endpoint.
         return tuple(dict.fromkeys(Endpoint(node.address, port) for node in cluster.nodes))
 
-    async def start(
-        self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: Callable[[ClusterRecord], None]
-    ) -> None:
-        """Start the nodes not running yet, head first; each node's pid is recorded as it runs."""
+    def start_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
+        return cluster  # every node, the head too, starts over SSH in `start_nodes`
+
+    def needs_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> bool:
+        return True  # which nodes run is known on their hosts only: `start_nodes` looks
+
+    def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:
+        gone = set(pids)
+        nodes = tuple(
+            replace(node, pid=None, session_id=None, restarts=node.restarts + 1) if node.pid in gone else node
+            for node in cluster.nodes
+        )
+        worker_pids = tuple(pid for pid in cluster.worker_pids if pid not in gone)
+        return cluster.with_changes(nodes=nodes, worker_pids=worker_pids)
+
+    async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
+        """Start the nodes not running yet, head first; each node's pid is recorded as it runs.
+        A failure on a cluster already serving is a NodeStartFailed: it stays, one node short."""
+        try:
+            await self._start(cluster, config, record)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            current = self.store.get_cluster(cluster.name)
+            if current is not None and current.role != ClusterRole.PENDING:
+                raise NodeStartFailed(f"{cluster.name}: {exc}") from exc
+            raise
+
+    async def _start(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
         assert cluster.pool is not None
         ssh = self.ssh(cluster.pool)
         token = read_cluster_token(self.token_dir, cluster.name)
         groups = _groups_per_node(config)
         nodes = list(cluster.nodes)
+        original = cluster
 
         async def launch(cluster: ClusterRecord, index: int, argv: list[str], token_path: str) -> ClusterRecord:
             node = nodes[index]
@@ -283,7 +231,7 @@ class PoolClusters:
             )
             nodes[index] = replace(node, pid=started.pid, session_id=started.session_id)
             updated = _with_nodes(cluster, nodes)
-            record(updated)
+            record(**self._launched(original, updated))
             return updated
 
         for index, node in enumerate(nodes):
@@ -291,10 +239,10 @@ class PoolClusters:
                 continue
             # A start cut short (controller killed after the launch, before its pid was
             # recorded) may have left this node running: stop it by its tag first.
-            await ssh.stop(_remote(node, pid=-1, session_id=-1))
+            await ssh.stop(remote_node(node, pid=-1, session_id=-1))
             token_path = await ssh.install_token(node.host, cluster.name, token)
             host = ssh.host(node.host)
-            resources = _resources(groups[index])
+            resources = group_args(groups[index])
             if index == 0:
                 ports = cluster.ports
                 head = HeadPorts(ports.gcs, ports.dashboard, ports.client_server)
@@ -304,6 +252,15 @@ class PoolClusters:
             # A delete cancels this start: a node launched is recorded before the cancel goes on,
             # so that the stop which follows the delete knows it (and stops it by its pid).
             cluster = await _to_the_end(launch(cluster, index, argv, token_path))
+
+    def _launched(self, original: ClusterRecord, updated: ClusterRecord) -> dict[str, Any]:
+        """Only the nodes this start launched, into the record as stored now: a tick may have
+        cleared another node's pid meanwhile (a restart), which must not come back."""
+        current = self.store.get_cluster(updated.name) or updated
+        launched = {i for i, (a, b) in enumerate(zip(original.nodes, updated.nodes, strict=True)) if a.pid != b.pid}
+        nodes = tuple(updated.nodes[i] if i in launched else node for i, node in enumerate(current.nodes))
+        pids = [node.pid for node in nodes]
+        return {"nodes": nodes, "head_pid": pids[0], "worker_pids": tuple(pid for pid in pids[1:] if pid is not None)}
 
     async def liveness(self, cluster: ClusterRecord) -> Liveness:
         """Whether the head lives, which workers do not (and of those, which exited on a host
@@ -327,7 +284,7 @@ class PoolClusters:
         async def alive(node: NodePlacement) -> tuple[bool, str, bool]:
             """(running, why not, exited for sure)"""
             try:
-                running = await asyncio.wait_for(ssh.alive(_remote(node)), LIVENESS_TIMEOUT_SECONDS)
+                running = await asyncio.wait_for(ssh.alive(remote_node(node)), LIVENESS_TIMEOUT_SECONDS)
                 return running, f"exited on host {node.host}", not running
             except asyncio.TimeoutError:
                 return False, f"host {node.host} did not answer within {LIVENESS_TIMEOUT_SECONDS:g}s", False
@@ -355,7 +312,7 @@ class PoolClusters:
         self._liveness[cluster.name] = (pids, now, result)
         return result
 
-    async def stop(self, cluster: ClusterRecord, record: Callable[[ClusterRecord], None] | None = None) -> list[str]:
+    async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> list[str]:
         """Stop every node not stopped yet (those never recorded as running too, by their tag);
         what could not be stopped, described (empty when all is gone). Each node stopped for sure
         is recorded as such at once, so that its room counts as free while others still resist."""
@@ -372,14 +329,14 @@ class PoolClusters:
             if node.stopped:
                 return []
             try:
-                left = await ssh.stop(_remote(node))
+                left = await ssh.stop(remote_node(node))
             except (NodeUnreachable, SshError, ProviderError) as exc:
                 return [f"{node.role} node on {node.host}: {exc}"]
             if left:
                 return [f"{node.host}:{pid}" for pid in left]
             nodes[index] = replace(node, stopped=True)
             if record is not None:
-                record(cluster.with_changes(nodes=tuple(nodes)))
+                record(nodes=tuple(nodes))
             return []
 
         leftovers = [item for items in await asyncio.gather(*(stop(i) for i in range(len(nodes)))) for item in items]
@@ -410,30 +367,11 @@ async def _to_the_end(work: Coroutine[Any, Any, T]) -> T:
     return task.result()
 
 
-def _remote(node: NodePlacement, pid: int | None = None, session_id: int | None = None) -> RemoteNode:
-    return RemoteNode(
-        host=node.host,
-        address=node.address,
-        role="head" if node.role == "head" else "worker",
-        # -1: no such process (never 0: kernel threads are in session 0)
-        pid=pid if pid is not None else (node.pid or -1),
-        session_id=session_id if session_id is not None else (node.session_id or -1),
-        temp_dir=node.temp_dir,
-        log_path=f"{node.temp_dir}.log",
-        ports=node.ports,
-    )
-
-
 def _groups_per_node(config: RayClusterConfigSpec) -> list[HeadGroupSpec]:
     groups: list[HeadGroupSpec] = [config.head]
     for group in config.workerGroups:
         groups += [group] * group.replicas
     return groups
-
-
-def _resources(group: HeadGroupSpec) -> list[str]:
-    """The same resource and rayStartParams flags as a local node's."""
-    return _resource_args(group) + _param_args(group.rayStartParams)
 
 
 def _with_nodes(cluster: ClusterRecord, nodes: list[NodePlacement]) -> ClusterRecord:

@@ -18,20 +18,16 @@ every Ray cluster on the host.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from servekeeper.model.hostpool import HostSpec
 from servekeeper.model.status import NodePorts
 from servekeeper.providers.base import ProviderError
-from servekeeper.providers.local import _node_port_args as node_port_args
+from servekeeper.providers.node_argv import RemoteNode, cluster_dir
 from servekeeper.providers.ports import PORT_HIGH, PORT_LOW, WORKER_PORTS_PER_NODE
 from servekeeper.providers.ssh import HostConnection, HostUnreachable, SshError, with_retries
 
@@ -184,118 +180,6 @@ main()
 
 class NodeUnreachable(HostUnreachable):
     """A node's host did not answer; the node may still run there. Retry later; never forget it."""
-
-
-@dataclass(frozen=True)
-class RemoteNode:
-    """A Ray node we started on a host: enough to find it again, and to stop exactly it."""
-
-    host: str  # the host's name in the pool
-    address: str
-    role: Literal["head", "worker"]
-    pid: int
-    session_id: int
-    temp_dir: str
-    log_path: str
-    ports: NodePorts
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ports": asdict(self.ports)}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RemoteNode:
-        return cls(**{**data, "ports": NodePorts(**data["ports"])})
-
-
-@dataclass(frozen=True)
-class HeadPorts:
-    gcs: int
-    dashboard: int
-    client_server: int
-
-
-# -- the token -------------------------------------------------------------------------------------
-
-
-def new_cluster_token() -> str:
-    """256 bits, hex (what `ray get-auth-token --generate` makes)."""
-    return secrets.token_hex(32)
-
-
-def token_dir(state_dir: Path) -> Path:
-    """Where the controller keeps its pool clusters' tokens (the CLI reads them there too)."""
-    return state_dir / "tokens"
-
-
-def token_file(directory: Path, cluster: str) -> Path:
-    return directory / f"{cluster}.token"
-
-
-def save_cluster_token(directory: Path, cluster: str, token: str) -> Path:
-    """Store a cluster's token on the controller, readable by its owner only."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = token_file(directory, cluster)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(token)
-    os.chmod(path, 0o600)
-    return path
-
-
-def read_cluster_token(directory: Path, cluster: str) -> str:
-    return token_file(directory, cluster).read_text().strip()
-
-
-def auth_headers(token: str) -> dict[str, str]:
-    """What every call of servekeeper's to a managed cluster's dashboard carries."""
-    return {"Authorization": f"Bearer {token}"}
-
-
-# -- commands ----------------------------------------------------------------------------------------
-
-
-def cluster_dir(host: HostSpec, cluster: str) -> str:
-    """Where a cluster keeps its nodes on `host`: short (Ray nests unix sockets under it)."""
-    short = cluster if len(cluster) <= 24 else f"{cluster[:15]}-{hashlib.sha256(cluster.encode()).hexdigest()[:8]}"
-    return f"{host.workDir.rstrip('/')}/{short}"
-
-
-def _ray_start(
-    host: HostSpec, temp_dir: str, ports: NodePorts, flags: Sequence[str], resources: Sequence[str]
-) -> list[str]:
-    """`ray start --block` through the host's python (its `ray` script may not be on any PATH)."""
-    return [
-        host.python,
-        "-m",
-        "ray.scripts.scripts",
-        "start",
-        "--block",
-        *flags,
-        f"--node-ip-address={host.address}",
-        *node_port_args(ports),
-        f"--temp-dir={temp_dir}",
-        "--disable-usage-stats",
-        *resources,
-    ]
-
-
-def head_argv(
-    host: HostSpec, temp_dir: str, head: HeadPorts, ports: NodePorts, resources: Sequence[str] = ()
-) -> list[str]:
-    flags = [
-        "--head",
-        f"--port={head.gcs}",
-        f"--dashboard-port={head.dashboard}",
-        f"--dashboard-host={host.address}",
-        f"--ray-client-server-port={head.client_server}",
-    ]
-    return _ray_start(host, temp_dir, ports, flags, resources)
-
-
-def worker_argv(
-    host: HostSpec, temp_dir: str, gcs_address: str, ports: NodePorts, resources: Sequence[str] = ()
-) -> list[str]:
-    return _ray_start(host, temp_dir, ports, [f"--address={gcs_address}"], resources)
 
 
 # -- the provider's SSH side -------------------------------------------------------------------------

@@ -50,7 +50,7 @@ def env_lines(view: dict[str, Any], role: str, state_dir: Path) -> list[str]:
 
 def pool_token_path(cluster: dict[str, Any], state_dir: Path) -> Path:
     """The token file of a pool cluster on the controller's machine (under its state dir)."""
-    from servekeeper.providers.ssh_nodes import token_dir, token_file
+    from servekeeper.providers.cluster_token import token_dir, token_file
 
     return token_file(token_dir(state_dir), str(cluster["name"]))
 
@@ -59,7 +59,7 @@ def pool_access(cluster: dict[str, Any], state_dir: Path, pools: list[dict[str, 
     """What a job on a pool cluster needs: the headers of every call to its dashboard (its token,
     read from the controller's state dir) and the directory of the Python that runs Ray on its
     head host (from the host pool)."""
-    from servekeeper.providers.ssh_nodes import auth_headers
+    from servekeeper.providers.cluster_token import auth_headers
 
     path = pool_token_path(cluster, state_dir)
     try:

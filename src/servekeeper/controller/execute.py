@@ -1,0 +1,309 @@
+"""Execute: run the actions of one tick's plan against the world (clusters through the
+provider, Serve configs through Ray's REST API, routes through the data plane), recording
+intent in the store before each effect. Cluster starts and stops run beside the ticks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from servekeeper.controller.hooks import Hooks
+from servekeeper.controller.metrics import ControllerMetrics
+from servekeeper.controller.observe import DataPlanePort, Packages, SubmittedDocuments
+from servekeeper.controller.probes import ProbeRunner
+from servekeeper.controller.submit import ConfigSubmissions, StopTick, TickOutcome
+from servekeeper.core import actions as act
+from servekeeper.core.serve_config import package_hash_of
+from servekeeper.dataplane import Backend, DataPlaneError, ServiceRoute
+from servekeeper.model.spec import RayClusterConfigSpec, ServiceSpec
+from servekeeper.model.status import ClusterPorts, ClusterRecord, ClusterRole, Event, ServiceRecord
+from servekeeper.providers.base import ClusterProvider, ProviderError, RetryableProviderError
+from servekeeper.rayapi.serve_api import ServeClient
+from servekeeper.store.store import Store
+
+logger = logging.getLogger(__name__)
+
+UNPLACED = ClusterPorts(0, 0, 0, 0, 0, ())  # a draft's ports: the provider places the cluster
+
+
+class Executor:
+    def __init__(
+        self,
+        store: Store,
+        provider: ClusterProvider,
+        dataplane: DataPlanePort,
+        serve: ServeClient,
+        probes: ProbeRunner,
+        documents: SubmittedDocuments,
+        packages: Packages,
+        state_dir: Path,
+        clock: Callable[[], float],
+        hooks: Hooks,
+        metrics: ControllerMetrics,
+        wake: Callable[[str], None],
+    ) -> None:
+        self.store = store
+        self.provider = provider
+        self.dataplane = dataplane
+        self.serve = serve
+        self.probes = probes
+        self.documents = documents
+        self.packages = packages
+        self.state_dir = state_dir
+        self.clock = clock
+        self.hooks = hooks
+        self.metrics = metrics
+        self.wake = wake
+        self.shortfalls: dict[str, str] = {}  # service -> why its next cluster cannot be placed now
+        self.unacknowledged_routes: set[str] = set()  # services whose last route push failed
+        self.background: dict[str, asyncio.Task[None]] = {}  # cluster name -> its start or stop task
+        self.submissions = ConfigSubmissions(store, provider, serve, documents, packages, clock, hooks, metrics)
+
+    async def execute(self, action: act.Action, service: ServiceRecord, spec: ServiceSpec, tick: TickOutcome) -> None:
+        if isinstance(action, act.CreateCluster):
+            await self._create_cluster(service, spec, action.role)
+        elif isinstance(action, act.StartCluster):
+            cluster = self.store.get_cluster(action.cluster)
+            if cluster is not None:
+                self._start_cluster(cluster)
+        elif isinstance(action, act.RestartWorkers):
+            self._restart_workers(action)
+        elif isinstance(action, act.SubmitConfig):
+            await self.submissions.submit_config(action, service, spec, tick)
+        elif isinstance(action, act.UpdateCluster):
+            changes = dict(action.changes)
+            applied = changes.get("applied_config_hash")
+            if applied is not None:
+                document = self.documents.get(action.cluster, applied)
+                if document is not None:
+                    changes["package_hash"] = package_hash_of(document)  # the code Ray runs now
+            self.store.update_cluster(action.cluster, **changes)
+        elif isinstance(action, act.UpdateClusters):
+            with self.store.transaction():
+                for name, changes in action.changes:
+                    self.store.update_cluster(name, **changes)
+        elif isinstance(action, act.SetRoute):
+            await self._set_route(service, spec, action, tick)
+        elif isinstance(action, act.SetTargetCapacity):
+            await self.submissions.set_target_capacity(action, service, tick)
+        elif isinstance(action, act.RemoveRoute):
+            try:
+                await self.dataplane.remove_route(service.name)
+            except DataPlaneError as exc:
+                tick.events.append(Event(service.name, self.clock(), "Warning", "RouteFailed", str(exc)))
+                raise StopTick from exc
+        elif isinstance(action, act.DeleteCluster):
+            self._delete_cluster(action.cluster, service.name)
+        elif isinstance(action, act.ForgetService):
+            # Only the row this tick saw being deleted: an apply stored meanwhile survives.
+            self.store.delete_service_row(service.name, expected_generation=service.generation)
+
+    async def _create_cluster(self, service: ServiceRecord, spec: ServiceSpec, role: ClusterRole) -> None:
+        config = spec.spec.rayClusterConfig
+        suffix = secrets.token_hex(3)
+        name = f"{service.name}-g{service.generation}-{suffix}"
+        draft = ClusterRecord(
+            name=name,
+            service=service.name,
+            generation=service.generation,
+            cluster_spec_hash=spec.cluster_spec_hash(),
+            cluster_spec_json=config.model_dump_json(),
+            role=role,
+            ports=UNPLACED,
+            # Short on purpose: Ray's unix socket paths under it must stay below 107 bytes.
+            temp_dir=f"/tmp/sk-{suffix}{secrets.token_hex(2)}",
+            log_dir=str(self.state_dir / "clusters" / name),
+            created_at=self.clock(),
+        )
+        try:
+            # Intent first: the provider stores the record before anything starts, so that a
+            # crash from here on leaves nothing unknown.
+            cluster = await self.provider.create(draft, config, self.store)
+        except ProviderError as exc:
+            # The rollout waits (level-triggered: the next tick tries again) and says why.
+            if self.shortfalls.get(service.name) != str(exc):
+                event = Event(service.name, self.clock(), "Warning", "InsufficientCapacity", str(exc))
+                self.store.add_events([event])
+            self.shortfalls[service.name] = str(exc)
+            return
+        self.shortfalls.pop(service.name, None)
+        if cluster.failure_reason is not None:
+            return  # stored failed (waiting would not mend it): the planner fails the rollout
+        self.hooks.reached("cluster-intent-written", cluster)
+        self._start_cluster(cluster)
+
+    def _start_cluster(self, cluster: ClusterRecord) -> None:
+        if cluster.name in self.background:
+            return  # its start (or stop) is in progress
+        if cluster.failure_reason is not None:
+            return  # failed: the planner deletes it; starting it again would only hide the cause
+        config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+        try:
+            if cluster.head_pid is None:
+                started = self.provider.start_head(cluster, config)
+                if started.head_pid is not None:  # spawned within the tick (a local head)
+                    cluster = started
+                    self.store.update_cluster(cluster.name, head_pid=cluster.head_pid)
+                    self.hooks.reached("pending-started", cluster)
+        except (OSError, ProviderError) as exc:
+            self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
+            return
+        if self.provider.needs_nodes(cluster, config):
+            self._in_background(cluster, f"start-{cluster.name}", self._start_nodes(cluster, config))
+
+    async def _start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        def record(**changes: Any) -> None:
+            updated = self.store.update_cluster(cluster.name, **changes)
+            if updated.head_pid is not None and cluster.head_pid is None:
+                self.hooks.reached("pending-started", updated)
+
+        try:
+            await self.provider.start_nodes(cluster, config, record)
+        except asyncio.CancelledError:
+            raise
+        except RetryableProviderError as exc:
+            # A node of a serving cluster started again: the cluster stays (one node short,
+            # unhealthy, replaced after the threshold); the next tick tries the start again.
+            logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, exc)
+            event = Event(cluster.service, self.clock(), "Warning", "NodeStartFailed", str(exc))
+            self.store.add_events([event])
+        except Exception as exc:  # whatever stops a start fails that cluster's rollout, with the cause
+            logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, exc)
+            with contextlib.suppress(KeyError):
+                self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
+
+    def _restart_workers(self, action: act.RestartWorkers) -> None:
+        """Clear the exited nodes' pids in the record as stored now (a start beside the ticks may
+        have recorded others since the tick's look), then start them again."""
+        current = self.store.get_cluster(action.cluster)
+        if current is None or current.role == ClusterRole.DELETING:
+            return
+        restarted = self.provider.restarted(current, action.pids)
+        self.store.update_cluster(current.name, nodes=restarted.nodes, worker_pids=restarted.worker_pids)
+        self._start_cluster(restarted)
+
+    def _in_background(
+        self, cluster: ClusterRecord, task_name: str, work: Coroutine[Any, Any, None]
+    ) -> asyncio.Task[None]:
+        """Run a cluster's start or stop beside the ticks; tracked until it ends, its failure an event."""
+        task = asyncio.create_task(work, name=task_name)
+        self.background[cluster.name] = task
+
+        def finished(done: asyncio.Task[None]) -> None:
+            if self.background.get(cluster.name) is done:
+                del self.background[cluster.name]
+            if done.cancelled():
+                return
+            error = done.exception()
+            if error is not None:
+                logger.error("[%s/%s] %s failed: %r", cluster.service, cluster.name, task_name, error)
+                self.store.add_events(
+                    [
+                        Event(
+                            cluster.service,
+                            self.clock(),
+                            "Warning",
+                            "BackgroundTaskFailed",
+                            f"{task_name}: {type(error).__name__}: {error}",
+                        )
+                    ]
+                )
+            self.wake(cluster.service)
+
+        task.add_done_callback(finished)
+        return task
+
+    async def _set_route(
+        self, service: ServiceRecord, spec: ServiceSpec, action: act.SetRoute, tick: TickOutcome
+    ) -> None:
+        try:
+            self.unacknowledged_routes.add(service.name)
+            await self.dataplane.set_route(self._service_route(service, spec, action))
+            self.unacknowledged_routes.discard(service.name)
+        except DataPlaneError as exc:
+            # Nothing after the switch may run: roles change only once the ingress acknowledged.
+            tick.events.append(Event(service.name, self.clock(), "Warning", "RouteFailed", str(exc)))
+            raise StopTick from exc
+        switched = self.store.get_cluster(action.active)
+        if switched is not None and switched.role == ClusterRole.PENDING:
+            self.hooks.reached("route-switched", switched)
+
+    def _service_route(self, service: ServiceRecord, spec: ServiceSpec, action: act.SetRoute) -> ServiceRoute:
+        """All traffic to `action.active`; the other clusters listed at weight 0, so that their
+        in-flight requests and open streams stay counted while they drain."""
+        ingress = spec.spec.ingress
+        backends = []
+        for name in action.upstreams:
+            cluster = self.store.get_cluster(name)
+            if cluster is None:
+                continue
+            # A Serve proxy on every node of a multi-host cluster: Envoy spreads over them, ejects a dead one.
+            http = self.provider.endpoints(cluster, grpc=False)
+            grpc = self.provider.endpoints(cluster, grpc=True) if ingress.grpcPort is not None else ()
+            backends.append(Backend(name, http=http, grpc=grpc))
+        weights = action.weights()
+        return ServiceRoute(
+            service=service.name,
+            port=ingress.port,
+            backends=tuple(backends),
+            weights={b.name: weights.get(b.name, 0) for b in backends},
+            preview_port=ingress.previewPort,
+            preview_backend=action.preview if any(b.name == action.preview for b in backends) else None,
+            grpc_port=ingress.grpcPort,
+            max_request_bytes=ingress.maxRequestBytes,
+            request_timeout_s=ingress.requestTimeoutSeconds,
+            idle_timeout_s=ingress.idleTimeoutSeconds,
+        )
+
+    def _delete_cluster(self, name: str, service: str) -> None:
+        cluster = self.store.get_cluster(name)
+        if cluster is None:
+            return
+        if cluster.role != ClusterRole.DELETING:
+            cluster = self.store.update_cluster(name, role=ClusterRole.DELETING)
+        running = self.background.get(name)
+        if running is not None:
+            if running.get_name().startswith("stop-"):
+                return
+            running.cancel()  # a start still in progress: stop it, then delete
+        self._in_background(cluster, f"stop-{name}", self._stop_cluster(cluster, after=running))
+
+    async def _stop_cluster(self, cluster: ClusterRecord, after: asyncio.Task[None] | None = None) -> None:
+        if after is not None:
+            # The cancelled start first finishes a node launch under way and records it (a start
+            # over SSH does): stopped before that, the node would outlive its record.
+            await asyncio.wait({after})
+            cluster = self.store.get_cluster(cluster.name) or cluster
+        leftovers = await self.stop_any(cluster)
+        if leftovers:
+            self.store.add_events(
+                [
+                    Event(
+                        cluster.service,
+                        self.clock(),
+                        "Warning",
+                        "ClusterStopIncomplete",
+                        f"{cluster.name}: pids {leftovers} still alive; will retry",
+                    )
+                ]
+            )
+            return
+        self.store.remove_cluster(cluster.name)
+        self.probes.forget(cluster.name)
+        self.documents.forget(cluster.name)
+        self.store.add_events(
+            [Event(cluster.service, self.clock(), "Normal", "ClusterDeleted", f"{cluster.name} stopped and removed")]
+        )
+        logger.info("[%s/%s] cluster deleted", cluster.service, cluster.name)
+
+    async def stop_any(self, cluster: ClusterRecord) -> list[int | str]:
+        def record(**changes: Any) -> None:  # a part stopped: its room is free again
+            with contextlib.suppress(KeyError):
+                self.store.update_cluster(cluster.name, **changes)
+
+        return list(await self.provider.stop(cluster, record))

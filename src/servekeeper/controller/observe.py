@@ -1,0 +1,246 @@
+"""Observe: what one tick sees of a service's clusters (through the provider and Ray's Serve
+API) and of its ingress route (through the data plane), as one `Observation` for the planner.
+Reads only; nothing here changes the world."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from servekeeper.controller.probes import ProbeRunner
+from servekeeper.core.serve_config import build_serve_config, config_deployed, desired_config_hash
+from servekeeper.dataplane import BackendStats, DataPlaneError, RouteObservation, ServiceRoute
+from servekeeper.model.spec import ServiceSpec
+from servekeeper.model.status import (
+    BackendCounters,
+    ClusterObservation,
+    ClusterRecord,
+    ClusterRole,
+    IngressRouteObservation,
+    Observation,
+    ServiceRecord,
+)
+from servekeeper.providers.base import ClusterProvider, headers_kwargs
+from servekeeper.rayapi.package import Package
+from servekeeper.rayapi.serve_api import PermanentServeError, RetryableServeError, ServeClient
+from servekeeper.store.store import Store
+
+logger = logging.getLogger(__name__)
+
+
+class DataPlanePort(Protocol):
+    """What the controller needs of the data plane (`servekeeper.dataplane.DataPlane`)."""
+
+    async def routes(self) -> dict[str, RouteObservation]: ...
+
+    async def set_route(self, route: ServiceRoute) -> None: ...
+
+    async def remove_route(self, service: str) -> None: ...
+
+    def desired_route(self, service: str) -> ServiceRoute | None: ...
+
+    async def backend_stats(self) -> dict[str, BackendStats]: ...
+
+
+class SubmittedDocuments:
+    """The Serve configs sent to each cluster, by config hash: kept in the store, cached here."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.cache: dict[tuple[str, str], dict[str, Any]] = {}  # (cluster, config hash) -> what was PUT
+
+    def get(self, cluster: str, config_hash: str) -> dict[str, Any] | None:
+        key = (cluster, config_hash)
+        if key not in self.cache:
+            document = self.store.submitted_document(cluster, config_hash)
+            if document is None:
+                return None
+            self.cache[key] = document
+        return self.cache[key]
+
+    def put(self, cluster: str, config_hash: str, document: dict[str, Any]) -> None:
+        self.cache[(cluster, config_hash)] = document
+
+    def forget(self, cluster: str) -> None:
+        for key in [key for key in self.cache if key[0] == cluster]:
+            del self.cache[key]
+
+
+class Packages:
+    """The code packages uploaded with `servekeeper apply`, by hash, in the state dir."""
+
+    def __init__(self, packages_dir: Path) -> None:
+        self.packages_dir = packages_dir
+
+    def of(self, service: ServiceRecord) -> Package | None:
+        return self.by_hash(service.package_hash) if service.package_hash is not None else None
+
+    def by_hash(self, package_hash: str) -> Package:
+        path = self.packages_dir / f"{package_hash}.zip"
+        return Package(hash=package_hash, path=path, size=path.stat().st_size if path.exists() else 0)
+
+    def uri(self, service: ServiceRecord) -> str | None:
+        package = self.of(service)
+        return package.uri if package else None
+
+
+class Observer:
+    def __init__(
+        self,
+        provider: ClusterProvider,
+        dataplane: DataPlanePort,
+        serve: ServeClient,
+        probes: ProbeRunner,
+        documents: SubmittedDocuments,
+        packages: Packages,
+        shortfalls: dict[str, str],
+        unacknowledged_routes: set[str],
+    ) -> None:
+        self.provider = provider
+        self.dataplane = dataplane
+        self.serve = serve
+        self.probes = probes
+        self.documents = documents
+        self.packages = packages
+        self.shortfalls = shortfalls  # service -> why its next cluster cannot be placed now
+        self.unacknowledged_routes = unacknowledged_routes  # services whose last route push failed
+
+    async def observe(self, service: ServiceRecord, clusters: list[ClusterRecord], spec: ServiceSpec) -> Observation:
+        live = [c for c in clusters if c.role != ClusterRole.DELETING]
+        observed = await asyncio.gather(*(self._observe_cluster(c, service, spec) for c in live))
+        route: IngressRouteObservation | None = None
+        ingress_ok = True
+        counters: dict[str, BackendCounters] | None = None
+        try:
+            observed_route = (await self.dataplane.routes()).get(service.name)
+            route = observed_route.to_ingress() if observed_route is not None else None
+            if route is not None:
+                desired = self.dataplane.desired_route(service.name)
+                route = replace(route, preview=desired.preview_backend if desired is not None else None)
+            if route is not None and (
+                not observed_route.in_sync  # type: ignore[union-attr]
+                or service.name in self.unacknowledged_routes
+                or _listener_settings_changed(self.dataplane.desired_route(service.name), spec)
+            ):
+                # Envoy processes disagree, the last push was not acknowledged, or the spec moved
+                # or re-limited the listener: the route is set again (to every process).
+                route = None
+        except DataPlaneError as exc:
+            ingress_ok = False  # every backend counts as busy: nothing is deleted on this look
+            logger.warning("[%s] data plane not readable: %s", service.name, exc)
+        if any(c.role == ClusterRole.PENDING and c.canary is not None for c in live):
+            try:
+                counters = _counters(await self.dataplane.backend_stats())
+            except DataPlaneError as exc:  # no analysis verdict on this look; nothing else changes
+                logger.info("[%s] ingress counters not readable: %s", service.name, exc)
+        return Observation(
+            clusters={o.name: o for o in observed},
+            route=route,
+            ingress_ok=ingress_ok,
+            backend_counters=counters,
+            placement_problem=self.shortfalls.get(service.name),
+        )
+
+    async def _observe_cluster(
+        self, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec
+    ) -> ClusterObservation:
+        # exited: of the dead workers, those known gone (restartable in place)
+        alive, dead_workers, reason, exited = await self.provider.liveness(cluster)
+        if not alive:
+            return ClusterObservation(name=cluster.name, processes_alive=False, error=reason)
+        if cluster.role == ClusterRole.ACTIVE and not dead_workers:
+            # A serving cluster's worker being started again (or whose start failed) is missing:
+            # unhealthy until it runs, so a worker that keeps dying cannot look healthy between tries.
+            missing = [n for n in cluster.nodes[1:] if n.pid is None and not n.stopped]
+            if missing:
+                return ClusterObservation(
+                    name=cluster.name,
+                    processes_alive=True,
+                    dead_workers=len(missing),
+                    error=f"worker node on host {missing[0].host} is not running (being started again)",
+                )
+        if dead_workers:
+            return ClusterObservation(
+                name=cluster.name,
+                processes_alive=True,
+                dead_workers=len(dead_workers),
+                exited_workers=exited,
+                error=reason,
+            )
+        auth = headers_kwargs(self.provider, cluster)  # only now: a cluster that never started may have no token
+        capacity = None
+        try:
+            if cluster.target_capacity is not None:  # managed: what Ray scales to is part of the look
+                apps, capacity = await self.serve.applications_with_capacity(cluster.dashboard_url, **auth)
+            else:
+                apps = await self.serve.applications(cluster.dashboard_url, **auth)
+        except (RetryableServeError, PermanentServeError) as exc:
+            return ClusterObservation(name=cluster.name, processes_alive=True, error=str(exc))
+        healthy, routes = await asyncio.gather(
+            self.serve.proxy_healthy(cluster.serve_url), self.serve.proxy_routes(cluster.serve_url)
+        )
+        return ClusterObservation(
+            probes=self.probes.states(cluster.name, cluster.serve_url, spec.spec.readiness.probes),
+            name=cluster.name,
+            processes_alive=True,
+            dashboard_ok=True,
+            apps=apps,
+            proxy_healthy=healthy,
+            routes=routes,
+            deployed_config_hash=self._deployed_config_hash(cluster, service, spec, apps),
+            target_capacity=capacity,
+        )
+
+    def _deployed_config_hash(
+        self, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec, apps: dict[str, Any]
+    ) -> str | None:
+        """Which config servekeeper sent does Ray run now? Compared app by app with Ray's
+        deployed_app_config: the desired one first, then the ones this cluster was given before."""
+        desired = desired_config_hash(spec, service.package_hash)
+        candidates = {desired: build_serve_config(spec, cluster, self.packages.uri(service))}
+        for known in (cluster.applied_config_hash, cluster.good_config_hash, cluster.submitted_config_hash):
+            if known is not None and known not in candidates:
+                document = self.documents.get(cluster.name, known)
+                if document is not None:
+                    candidates[known] = document
+        for config_hash, document in candidates.items():
+            if config_deployed(document, apps):
+                return config_hash
+        return None
+
+
+def _listener_settings_changed(route: ServiceRoute | None, spec: ServiceSpec) -> bool:
+    if route is None:
+        return False
+    ingress = spec.spec.ingress
+    observed = (
+        route.port,
+        route.grpc_port,
+        route.max_request_bytes,
+        route.request_timeout_s,
+        route.idle_timeout_s,
+        route.preview_port,
+    )
+    return observed != (
+        ingress.port,
+        ingress.grpcPort,
+        ingress.maxRequestBytes,
+        ingress.requestTimeoutSeconds,
+        ingress.idleTimeoutSeconds,
+        ingress.previewPort,
+    )
+
+
+def _counters(stats: dict[str, BackendStats]) -> dict[str, BackendCounters]:
+    return {
+        name: BackendCounters(
+            requests=backend.rq_total,
+            errors_5xx=backend.rq_5xx,
+            latency_ms_buckets=tuple(sorted(backend.latency_ms_buckets.items())),
+            epoch=backend.epoch,
+        )
+        for name, backend in stats.items()
+    }

@@ -1,0 +1,124 @@
+"""Where a new pool cluster goes: its nodes placed on the pool's hosts that answer, and its
+ports allocated on those hosts, none taken by another cluster.
+
+A host that does not answer is left out of placement (it may come back); one that refuses for
+good (host key, login, its python) fails the rollout with that error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, nodes_taking_room, place
+from servekeeper.model.hostpool import HostPoolSpec
+from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.status import ClusterPorts, ClusterRecord, NodePlacement
+from servekeeper.providers.base import PermanentProviderError, RetryableProviderError
+from servekeeper.providers.node_argv import cluster_dir
+from servekeeper.providers.ssh import CommandTimeout, SshError
+from servekeeper.providers.ssh_nodes import SshNodes
+
+REACH_TIMEOUT_SECONDS = 5.0
+ALLOCATE_TIMEOUT_SECONDS = 20.0  # ports probed on each host: a host falling silent must not hold the tick
+
+
+class Shortfall(RetryableProviderError):
+    """The pool cannot hold the cluster now (or has no such pool): the rollout waits."""
+
+
+class HostRefused(PermanentProviderError):
+    """A host picked for the cluster refuses in a way that waiting does not mend (its host key,
+    the login, its python): the rollout fails with it. The message names the host."""
+
+
+def host_rooms(pool: HostPoolSpec) -> list[HostRoom]:
+    return [
+        HostRoom(h.name, h.resources.cpus, h.resources.gpus, int(h.resources.memoryGiB * 2**30))
+        for h in pool.spec.hosts
+    ]
+
+
+async def place_cluster(
+    pool: HostPoolSpec, ssh: SshNodes, others: list[ClusterRecord], draft: ClusterRecord, config: RayClusterConfigSpec
+) -> ClusterRecord:
+    """`draft` with its nodes placed on the pool's hosts and ports allocated there, beside
+    `others` (every cluster stored); raises Shortfall when the pool cannot hold it now,
+    HostRefused when a host picked refuses for good."""
+    assert config.hostPool is not None
+    rooms = host_rooms(pool)
+    placed: list[tuple[str, NodeNeed]] = []
+    reserved: set[int] = set()
+    for other in others:
+        reserved.update(other.ports.all_ports())
+        if other.pool == config.hostPool:
+            placed += [(node.host, need) for node, need in nodes_taking_room(other)]
+    chosen = place(node_needs(config), free_room(rooms, placed))
+    unreachable: set[str] = set()
+    if not isinstance(chosen, str):
+        # Only the hosts picked are probed (a rollout waiting for room probes nothing), and a
+        # lost one gets no new node: placed again without it.
+        unreachable = await _unreachable(ssh, sorted(set(chosen)))
+        if unreachable:
+            rooms = [room for room in rooms if room.name not in unreachable]
+            chosen = place(node_needs(config), free_room(rooms, placed))
+    if isinstance(chosen, str):
+        lost = f" (unreachable: {sorted(unreachable)})" if unreachable else ""
+        raise Shortfall(f"host pool {config.hostPool!r}: {chosen}{lost}")
+    try:
+        allocating = _allocate(ssh, draft, config.hostPool, chosen, reserved)
+        return await asyncio.wait_for(allocating, ALLOCATE_TIMEOUT_SECONDS)
+    except asyncio.TimeoutError as exc:
+        raise RetryableProviderError(f"allocating ports took more than {ALLOCATE_TIMEOUT_SECONDS:g}s") from exc
+
+
+async def _allocate(
+    ssh: SshNodes, draft: ClusterRecord, pool_name: str, chosen: list[str], reserved: set[int]
+) -> ClusterRecord:
+    try:
+        # Serve's proxies listen on one port on every node: free on all of the cluster's hosts.
+        serve_http, serve_grpc = await ssh.ports_free_on_all(sorted(set(chosen)), 2, sorted(reserved))
+        reserved.update((serve_http, serve_grpc))
+        head_ports, singles = await ssh.node_ports(chosen[0], sorted(reserved), extra=3)
+        reserved.update(head_ports.all_ports() + singles)
+        node_ports = [head_ports]
+        for host in chosen[1:]:
+            ports, _ = await ssh.node_ports(host, sorted(reserved))
+            reserved.update(ports.all_ports())
+            node_ports.append(ports)
+    except SshError as exc:
+        if not exc.retryable:
+            raise HostRefused(str(exc)) from exc
+        raise RetryableProviderError(f"allocating ports: {exc}") from exc
+    gcs, dashboard, client_server = singles
+    nodes = tuple(
+        NodePlacement(
+            host=host,
+            address=ssh.host(host).address,
+            role="head" if index == 0 else "worker",
+            ports=ports,
+            temp_dir=f"{cluster_dir(ssh.host(host), draft.name)}/n{index}",
+        )
+        for index, (host, ports) in enumerate(zip(chosen, node_ports, strict=True))
+    )
+    cluster_ports = ClusterPorts(gcs, dashboard, client_server, serve_http, serve_grpc, tuple(node_ports))
+    return draft.with_changes(pool=pool_name, nodes=nodes, ports=cluster_ports)
+
+
+async def _unreachable(ssh: SshNodes, hosts: list[str]) -> set[str]:
+    """The hosts that do not answer now (placed without them: they may come back); a host
+    that refuses (host key, login, a command failing) raises HostRefused."""
+
+    async def failure(name: str) -> SshError | None:
+        try:
+            await asyncio.wait_for(ssh.probe(name, REACH_TIMEOUT_SECONDS), REACH_TIMEOUT_SECONDS + 1)
+        except asyncio.TimeoutError:
+            return CommandTimeout(name, f"no answer within {REACH_TIMEOUT_SECONDS + 1:g}s")
+        except SshError as exc:
+            return exc
+        return None
+
+    failures = await asyncio.gather(*(failure(name) for name in hosts))
+    refused = [exc for exc in failures if exc is not None and not exc.retryable]
+    if refused:
+        raise HostRefused(str(refused[0])) from refused[0]
+    return {name for name, exc in zip(hosts, failures, strict=True) if exc is not None}

@@ -1,0 +1,46 @@
+"""`servekeeper down` without a daemon stops what the state dir owns through the same providers
+as the daemon: a cluster on a host pool is stopped on its hosts, not orphaned there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servekeeper import offline
+from servekeeper.model.hostpool import parse_host_pool
+from servekeeper.providers.pool import PoolClusters
+from servekeeper.store.store import Store
+from tests.unit.ssh_fakes import FakeFleet, pool_document
+from tests.unit.test_pool_clusters import draft, pool_spec
+
+
+async def test_an_offline_down_stops_a_pool_cluster_on_its_hosts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(tmp_path / "store.db")
+    store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4), ("b", 4))).to_json(), 1.0)
+    fleet = FakeFleet()
+    pools = PoolClusters(store, tmp_path, ssh_nodes=fleet)
+    config = pool_spec(workers=1, cpus=4).spec.rayClusterConfig
+    cluster = await pools.create(draft("c", config), config, store)
+
+    def record(**changes: Any) -> None:
+        store.update_cluster("c", **changes)
+
+    await pools.start_nodes(cluster, config, record)
+    await pools.close()
+    store.close()
+    assert sorted(fleet.running) == sorted(node.temp_dir for node in cluster.nodes)
+
+    def fleet_pools(store: Store, state_dir: Path) -> PoolClusters:
+        return PoolClusters(store, state_dir, ssh_nodes=fleet)
+
+    monkeypatch.setattr(offline, "PoolClusters", fleet_pools)
+    assert await offline.stop_everything_offline(tmp_path) == 1
+    assert fleet.running == {}  # both nodes stopped on their hosts
+    assert not (tmp_path / "tokens" / "c.token").exists()
+    store = Store(tmp_path / "store.db")
+    assert store.list_clusters() == []
+    store.close()
