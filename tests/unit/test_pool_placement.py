@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from servekeeper.core.placement import HostRoom, free_room, node_needs, place
+from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, place
 from servekeeper.model.spec import RayClusterConfigSpec, SpecError, parse_spec
 
 GIB = 2**30
@@ -45,6 +48,106 @@ def test_what_does_not_fit_is_named_with_what_each_host_has_free() -> None:
 def test_pinned_to_a_host_outside_the_pool() -> None:
     shortfall = place(node_needs(config(head={"host": "z"})), FLEET)
     assert isinstance(shortfall, str) and "pinned to host 'z', which is not in the pool" in shortfall
+
+
+def test_an_unpinned_head_leaves_the_room_a_pinned_worker_needs() -> None:
+    """Issue 19, defect 10: greedily the head took host a (most CPU free), then the worker pinned
+    to a found no room, and apply refused a spec that fits (head on b, worker on a)."""
+    pool = rooms(("a", 4, 0, 8), ("b", 2, 0, 8))
+    shape = config(head={"numCpus": 2}, workerGroups=[{"name": "w", "replicas": 1, "numCpus": 4, "host": "a"}])
+    assert place(node_needs(shape), pool) == ["b", "a"]
+
+
+def test_a_placement_that_only_a_search_finds() -> None:
+    """No pin at all: the head goes where most CPU is free (a), which leaves the GPU worker no
+    host; the other way round fits."""
+    pool = rooms(("a", 2, 1, 8), ("b", 2, 0, 8))
+    shape = config(head={"numCpus": 1}, workerGroups=[{"name": "gpu", "replicas": 1, "numCpus": 2, "numGpus": 1}])
+    assert place(node_needs(shape), pool) == ["b", "a"]
+
+
+def test_when_nothing_fits_the_shortfall_still_names_what_is_short() -> None:
+    pool = rooms(("a", 4, 0, 8), ("b", 2, 0, 8))
+    shape = config(head={"numCpus": 2}, workerGroups=[{"name": "w", "replicas": 1, "numCpus": 5, "host": "a"}])
+    shortfall = place(node_needs(shape), pool)
+    assert isinstance(shortfall, str)
+    assert "worker node 1 (spec.rayClusterConfig.workerGroups.0: 5 CPU, 0 GPU" in shortfall
+    assert "free: a 2 CPU/0 GPU/8.0 GiB" in shortfall
+
+
+# -- a property: a placement is found whenever one exists, and never overfills a host -----------
+
+HOST_NAMES = ["h0", "h1", "h2", "h3"]
+
+
+@st.composite
+def pools_and_needs(draw: st.DrawFn) -> tuple[dict[str, HostRoom], list[NodeNeed]]:
+    """1-4 hosts, 1-5 nodes, small whole resources: small enough to try every placement. Half
+    the pools are cut to fit a placement drawn first (the hosts' room is what it puts there, plus
+    a little): tight, so the order of placement matters often; the others are drawn freely."""
+    count = draw(st.integers(1, 4))
+    names = HOST_NAMES[:count]
+    sizes = [
+        (draw(st.integers(0, 4)), draw(st.sampled_from([0, 0, 1])), draw(st.integers(0, 3)))
+        for _ in range(draw(st.integers(1, 5)))
+    ]
+    if draw(st.booleans()):
+        planted = [draw(st.sampled_from(names)) for _ in sizes]
+        pins = [draw(st.sampled_from([None, None, host])) for host in planted]
+        pool = {}
+        for name in names:
+            here = [size for size, host in zip(sizes, planted, strict=True) if host == name]
+            cpus, gpus, memory = (
+                sum(column) + draw(st.integers(0, 1)) for column in zip((0, 0, 0), *here, strict=True)
+            )
+            pool[name] = HostRoom(name, cpus, gpus, memory * GIB)
+    else:
+        pins = [draw(st.sampled_from([None, None, None, *names, "elsewhere"])) for _ in sizes]
+        pool = {
+            name: HostRoom(name, draw(st.integers(0, 6)), draw(st.integers(0, 2)), draw(st.integers(0, 6)) * GIB)
+            for name in names
+        }
+    needs = [
+        NodeNeed(
+            "spec.rayClusterConfig.head" if index == 0 else f"spec.rayClusterConfig.workerGroups.{index - 1}",
+            "head" if index == 0 else "worker",
+            cpus,
+            gpus,
+            memory * GIB,
+            pin,
+        )
+        for index, ((cpus, gpus, memory), pin) in enumerate(zip(sizes, pins, strict=True))
+    ]
+    return pool, needs
+
+
+def fits(pool: dict[str, HostRoom], needs: list[NodeNeed], hosts: list[str] | tuple[str, ...]) -> bool:
+    """Every pin kept and no host given more than it has."""
+    if any(need.pinned is not None and need.pinned != host for need, host in zip(needs, hosts, strict=True)):
+        return False
+    for name, room in pool.items():
+        mine = [need for need, host in zip(needs, hosts, strict=True) if host == name]
+        if (
+            sum(need.cpus for need in mine) > room.cpus
+            or sum(need.gpus for need in mine) > room.gpus
+            or sum(need.memory_bytes for need in mine) > room.memory_bytes
+        ):
+            return False
+    return True
+
+
+@settings(max_examples=200, deadline=None)
+@given(pools_and_needs())
+def test_a_placement_is_found_whenever_one_exists_and_never_overfills(
+    case: tuple[dict[str, HostRoom], list[NodeNeed]],
+) -> None:
+    pool, needs = case
+    exists = any(fits(pool, needs, hosts) for hosts in itertools.product(sorted(pool), repeat=len(needs)))
+    placed = place(needs, pool)
+    if isinstance(placed, str):
+        assert not exists, f"a placement exists, place() said: {placed}"
+    else:
+        assert len(placed) == len(needs) and fits(pool, needs, placed)
 
 
 def test_a_host_without_a_pool_is_refused_by_field() -> None:

@@ -151,15 +151,22 @@ async def test_a_file_is_replaced_by_a_rename_never_truncated_in_place(tmp_path:
     """A node of the cluster may be reading its token file when another node of it on the same
     host (or a restart) writes it again: it must find a whole file, old or new, at any moment."""
     path = tmp_path / "auth_token"
-    path.write_text("token-1")
+    old = "token-1-the-old-one-longer-than-the-next"
+    path.write_text(old)
     path.chmod(0o600)
     connection = HostConnection(a_host())
     fake = FakeSshConnection()
     connection._connection = fake  # type: ignore[assignment]
+    # Each write differs from the file it replaces, shorter then longer: a write in place (the old
+    # file truncated, or only partly overwritten) would show in what a reader or the file holds.
     with path.open() as reader:  # a reader of the old file
-        await connection.write_file(str(path), b"token-1", mode=0o600)
-        assert reader.read() == "token-1"  # the file it holds was never truncated
-    assert path.read_text() == "token-1" and stat.S_IMODE(path.stat().st_mode) == 0o600
+        await connection.write_file(str(path), b"token-2", mode=0o600)
+        assert reader.read() == old  # the file it holds was never truncated nor overwritten
+    assert path.read_text() == "token-2" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    with path.open() as reader:
+        await connection.write_file(str(path), b"token-3-longer-than-the-one-before", mode=0o600)
+        assert reader.read() == "token-2"
+    assert path.read_text() == "token-3-longer-than-the-one-before" and stat.S_IMODE(path.stat().st_mode) == 0o600
     opened = [where for op, where in fake.sftp.ops if op.startswith("open")]
     assert opened and str(path) not in opened  # written under another name only
     assert fake.sftp.ops[-1][0] == "rename" and fake.sftp.ops[-1][1].endswith(f" -> {path}")

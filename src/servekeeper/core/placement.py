@@ -119,9 +119,30 @@ def free_room(hosts: list[HostRoom], placed: list[tuple[str, NodeNeed]]) -> dict
     return room
 
 
+# Tries of a node on a host before the search gives up (far more than a pool of a few hosts and
+# a cluster of a few dozen nodes needs); past it, the greedy pass's shortfall is the answer.
+SEARCH_TRIES = 2_000
+# The search recurses once per node; a cluster larger than this keeps the greedy pass only.
+SEARCH_MAX_NODES = 256
+_SLACK = 1e-9  # float sums: the room kept for later pinned nodes is never judged short by a rounding
+
+
 def place(needs: list[NodeNeed], room: dict[str, HostRoom]) -> list[str] | str:
     """A host per node, spread (each node goes where this cluster has the fewest nodes so far,
-    then where most CPU is free), or what is short, for `InsufficientCapacity`."""
+    then where most CPU is free), or what is short, for `InsufficientCapacity`.
+
+    When the greedy pass in the nodes' order places every node, that is the answer. When it
+    does not (a node took the room a later one needed: an unpinned head on the host a worker is
+    pinned to), a search over hosts finds a placement whenever one exists (within SEARCH_TRIES),
+    still preferring hosts the same way; the shortfall named is still the greedy pass's."""
+    greedy = _place_greedily(needs, room)
+    if not isinstance(greedy, str) or len(needs) > SEARCH_MAX_NODES:
+        return greedy
+    found = _Search(needs, room).run()
+    return greedy if found is None else found
+
+
+def _place_greedily(needs: list[NodeNeed], room: dict[str, HostRoom]) -> list[str] | str:
     room = dict(room)
     mine: dict[str, int] = dict.fromkeys(room, 0)
     chosen = []
@@ -131,11 +152,133 @@ def place(needs: list[NodeNeed], room: dict[str, HostRoom]) -> list[str] | str:
         if not fitting:
             return _shortfall(index, need, room)
         best = min(fitting, key=lambda name: (mine[name], -room[name].cpus, name))
-        left = room[best]
-        room[best] = HostRoom(best, left.cpus - need.cpus, left.gpus - need.gpus, left.memory_bytes - need.memory_bytes)
+        room[best] = _minus(room[best], need)
         mine[best] += 1
         chosen.append(best)
     return chosen
+
+
+_Amounts = tuple[float, float, int]  # cpus, gpus, memory bytes
+
+
+class _Search:
+    """Depth first over the nodes, pinned ones first, then the largest first (the hardest to
+    fit, so a dead end shows early), each tried on the hosts it fits in the greedy pass's order
+    of preference, and only where it leaves the room that later nodes pinned to that host need.
+    Hosts that no later node is pinned to are interchangeable when their room is the same: one
+    of them is tried, and a state (next node, the rooms) found to lead nowhere is not explored
+    again in another order or on another such host. The answer is in the nodes' own order."""
+
+    def __init__(self, needs: list[NodeNeed], room: dict[str, HostRoom]) -> None:
+        self.order = sorted(
+            range(len(needs)),
+            key=lambda i: (needs[i].pinned is None, -needs[i].gpus, -needs[i].cpus, -needs[i].memory_bytes, i),
+        )
+        self.needs = [needs[i] for i in self.order]
+        self.room = {name: (left.cpus, left.gpus, left.memory_bytes) for name, left in room.items()}
+        self.mine: dict[str, int] = dict.fromkeys(room, 0)
+        self.hosts = sorted(room)
+        self.tries_left = SEARCH_TRIES
+        self.dead_ends: set[tuple[int, tuple[_Amounts, ...], tuple[_Amounts, ...]]] = set()
+        # kept[index][host]: what the nodes from `index` on that are pinned to the host need
+        self.kept: list[dict[str, _Amounts]] = [{}]
+        for need in reversed(self.needs):
+            later = dict(self.kept[0])
+            if need.pinned is not None:
+                later[need.pinned] = _plus(later.get(need.pinned, (0, 0, 0)), need)
+            self.kept.insert(0, later)
+
+    def run(self) -> list[str] | None:
+        if self._surely_short():
+            return None
+        chosen: list[str] = []
+        if not self._extend(0, chosen):
+            return None
+        hosts = [""] * len(chosen)
+        for position, index in enumerate(self.order):
+            hosts[index] = chosen[position]
+        return hosts
+
+    def _surely_short(self) -> bool:
+        """Cheap proofs that nothing fits (a full pool is the usual case, and a rollout waiting
+        for room asks again every tick): more asked in all than the hosts have free, more pinned
+        to a host than it has, or a node that fits on no host it may go to."""
+        asked: _Amounts = (0, 0, 0)
+        for need in self.needs:
+            asked = _plus(asked, need)
+        for amount in range(3):  # cpus, gpus, memory
+            if asked[amount] > sum(max(left[amount], 0) for left in self.room.values()) + _SLACK:
+                return True
+        for name, kept in self.kept[0].items():
+            if name not in self.room or any(k > r + _SLACK for k, r in zip(kept, self.room[name], strict=True)):
+                return True
+        return any(not any(_leaves(self.room[name], need, None) for name in self._allowed(need)) for need in self.needs)
+
+    def _allowed(self, need: NodeNeed) -> list[str]:
+        return [name for name in ([need.pinned] if need.pinned is not None else self.hosts) if name in self.room]
+
+    def _extend(self, index: int, chosen: list[str]) -> bool:
+        if index == len(self.needs):
+            return True
+        state = self._state(index)
+        if state in self.dead_ends:
+            return False
+        need = self.needs[index]
+        for name in self._candidates(index, need):
+            if self.tries_left <= 0:
+                return False
+            self.tries_left -= 1
+            before = self.room[name]
+            self.room[name] = (before[0] - need.cpus, before[1] - need.gpus, before[2] - need.memory_bytes)
+            self.mine[name] += 1
+            chosen.append(name)
+            if self._extend(index + 1, chosen):
+                return True
+            chosen.pop()
+            self.mine[name] -= 1
+            self.room[name] = before
+        self.dead_ends.add(state)
+        return False
+
+    def _state(self, index: int) -> tuple[int, tuple[_Amounts, ...], tuple[_Amounts, ...]]:
+        """What decides whether the nodes from `index` on fit: the room of each host a later
+        node is pinned to, and the rooms of the others as a multiset."""
+        pinned = self.kept[index]
+        return (
+            index,
+            tuple(self.room[name] for name in self.hosts if name in pinned),
+            tuple(sorted(self.room[name] for name in self.hosts if name not in pinned)),
+        )
+
+    def _candidates(self, index: int, need: NodeNeed) -> list[str]:
+        kept = self.kept[index + 1]
+        fitting = [name for name in self._allowed(need) if _leaves(self.room[name], need, kept.get(name))]
+        fitting.sort(key=lambda name: (self.mine[name], -self.room[name][0], name))
+        alike: set[_Amounts] = set()  # rooms of interchangeable hosts already among the candidates
+        candidates = []
+        for name in fitting:
+            if name not in kept:
+                if self.room[name] in alike:
+                    continue
+                alike.add(self.room[name])
+            candidates.append(name)
+        return candidates
+
+
+def _plus(amounts: _Amounts, need: NodeNeed) -> _Amounts:
+    return (amounts[0] + need.cpus, amounts[1] + need.gpus, amounts[2] + need.memory_bytes)
+
+
+def _leaves(room: _Amounts, need: NodeNeed, kept: _Amounts | None) -> bool:
+    """Whether `need` fits in `room` and leaves what the later nodes pinned to that host need."""
+    cpus, gpus, memory = room[0] - need.cpus, room[1] - need.gpus, room[2] - need.memory_bytes
+    if cpus < 0 or gpus < 0 or memory < 0:
+        return False
+    return kept is None or (cpus >= kept[0] - _SLACK and gpus >= kept[1] - _SLACK and memory >= kept[2])
+
+
+def _minus(room: HostRoom, need: NodeNeed) -> HostRoom:
+    return HostRoom(room.name, room.cpus - need.cpus, room.gpus - need.gpus, room.memory_bytes - need.memory_bytes)
 
 
 def _fits(room: HostRoom, need: NodeNeed) -> bool:

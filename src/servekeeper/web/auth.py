@@ -25,6 +25,13 @@ SESSION_COOKIE = "servekeeper_session"
 CSRF_HEADER = "X-Servekeeper-CSRF"
 
 
+def same_secret(known: str, given: str) -> bool:
+    """Constant-time equality of a secret of ours with what a request sent. Compared as bytes:
+    `compare_digest` raises TypeError on a str that is not ASCII, and a request's code, cookie or
+    header may be anything (a wrong secret is a 401/403, never a 500)."""
+    return hmac.compare_digest(known.encode(), given.encode(errors="surrogatepass"))
+
+
 class DashboardAuth:
     def __init__(
         self,
@@ -54,7 +61,7 @@ class DashboardAuth:
     def exchange(self, code: str) -> str | None:
         """A new session for a valid, unspent code; None otherwise. The code is spent either way."""
         self._expire()
-        match = next((known for known in self._codes if hmac.compare_digest(known, code)), None)
+        match = next((known for known in self._codes if same_secret(known, code)), None)
         if match is None:
             return None
         del self._codes[match]
@@ -66,7 +73,7 @@ class DashboardAuth:
         if not session:
             return False
         self._expire()
-        return any(hmac.compare_digest(known, session) for known in self._sessions)
+        return any(same_secret(known, session) for known in self._sessions)
 
     def csrf_token(self, session: str) -> str:
         """The token a page of this session sends back with every POST."""
@@ -75,4 +82,4 @@ class DashboardAuth:
     def csrf_valid(self, session: str | None, token: str | None) -> bool:
         if not session or not token or not self.valid(session):
             return False
-        return hmac.compare_digest(self.csrf_token(session), token)
+        return same_secret(self.csrf_token(session), token)
