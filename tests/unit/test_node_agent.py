@@ -5,6 +5,7 @@ protocol, and the file run standalone by the controller's python and by a bare P
 from __future__ import annotations
 
 import ast
+import asyncio
 import io
 import json
 import os
@@ -16,13 +17,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from servekeeper.model.hostpool import HostSpec
 from servekeeper.providers.remote import node_agent, node_agent_source
-from servekeeper.providers.ssh_nodes import NODE_TAG_ENV
+from servekeeper.providers.ssh_nodes import NODE_TAG_ENV, SshNodes
+from tests.unit.test_hostpool import host
 
 PYTHON_310 = Path("/root/.pyenv/versions/3.10.13/bin/python3.10")
 AGENT_FILE = Path(node_agent.__file__)
@@ -106,9 +110,10 @@ def test_launch_alive_and_stop_end_exactly_the_node(
     assert bystander.pid not in node and other_node.pid not in node
     assert node_agent.run("alive", {"pid": pid, "sid": sid, "marker": marker}) == {"alive": True, "members": 3}
 
-    assert node_agent.run("stop", {"sid": sid, "marker": marker, "term_grace": 5.0, "kill_grace": 5.0}) == {"left": []}
+    # TERM goes to the session; the straggler outside it is KILLed once the grace is over.
+    assert node_agent.run("stop", {"sid": sid, "marker": marker, "term_grace": 1.0, "kill_grace": 5.0}) == {"left": []}
     assert all(gone(p) for p in node)
-    assert straggler.wait(5) is not None
+    assert straggler.wait(5) == -signal.SIGKILL
     assert bystander.poll() is None and other_node.poll() is None  # untouched
     assert node_agent.run("alive", {"pid": pid, "sid": sid, "marker": marker}) == {"alive": False, "members": 0}
     assert not Path(marker).exists() and (tmp_path / "node.log").exists()  # the temp dir goes, the log stays
@@ -286,3 +291,46 @@ def test_the_agent_runs_standalone(python: str, how: str, tmp_path: Path) -> Non
         [python, "-I", *invocation, "reboot"], input="{}", capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert unknown.returncode == 1 and "unknown command reboot" in unknown.stderr and unknown.stdout == ""
+
+
+class LocalShell:
+    """An open asyncssh connection whose commands run here, as sshd runs them: the command
+    line, one string, through the login shell (`sh -c`)."""
+
+    @dataclass
+    class Completed:
+        exit_status: int | None
+        stdout: str
+        stderr: str
+
+    def is_closed(self) -> bool:
+        return False
+
+    async def run(self, command: str, *, input: str | None, timeout: float, check: bool, encoding: str) -> Completed:
+        process = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(process.communicate((input or "").encode(encoding)), timeout)
+        return self.Completed(process.returncode, out.decode(encoding), err.decode(encoding))
+
+
+async def test_the_controller_side_drives_the_agent_through_a_shell(tmp_path: Path) -> None:
+    """SshNodes, with its connection's commands run by a local shell: the agent's text quoted
+    into one command line, its requests and answers, a node started, seen and stopped."""
+    spec = HostSpec.model_validate({**host("here", "127.0.0.1"), "python": sys.executable})
+    nodes = SshNodes([spec])
+    nodes.connection("here")._connection = LocalShell()  # type: ignore[assignment]
+    marker = str(tmp_path / "node")
+    ports, _ = await nodes.node_ports("here")
+    request = stand_in_request(marker, tmp_path / "node.log")
+    node = await nodes.start_node("here", "worker", request["argv"], marker, ports, str(tmp_path / "token"))
+    try:
+        assert node.session_id == node.pid and node.log_path == f"{marker}.log" and Path(marker).is_dir()
+        assert await nodes.alive(node)
+        assert await nodes.stop(node) == []
+        assert not await nodes.alive(node)
+    finally:
+        try:
+            os.killpg(node.session_id, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
