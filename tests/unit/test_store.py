@@ -22,7 +22,8 @@ from servekeeper.model.status import (
     NodePorts,
     ServiceRecord,
 )
-from servekeeper.store.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
+from servekeeper.store.schema import MIGRATIONS, SCHEMA_VERSION
+from servekeeper.store.store import Store, StoreError
 
 
 def cluster(name: str = "svc-g1-abc") -> ClusterRecord:
@@ -66,10 +67,15 @@ def test_round_trips_services_clusters_events(tmp_path: Path) -> None:
     assert reopened.get_service("svc") == ServiceRecord(**loaded.__dict__)
 
 
+def test_the_migrations_are_one_list_numbered_in_order() -> None:
+    assert [migration.version for migration in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
+    assert SCHEMA_VERSION == MIGRATIONS[-1].version
+
+
 def test_a_store_from_an_older_schema_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     old = sqlite3.connect(path)
-    old.executescript(MIGRATIONS[0])
+    old.executescript(MIGRATIONS[0].script)
     old.execute("PRAGMA user_version = 1")
     old.execute("INSERT INTO services (name, spec_json, generation, created_at) VALUES ('svc', '{}', 3, 1.0)")
     old.commit()
@@ -111,8 +117,8 @@ def test_a_failed_transaction_leaves_nothing(tmp_path: Path) -> None:
 def test_a_schema_2_store_gets_the_package_hash_columns(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     old = sqlite3.connect(path)
-    old.executescript(MIGRATIONS[0])
-    old.executescript(MIGRATIONS[1])
+    old.executescript(MIGRATIONS[0].script)
+    old.executescript(MIGRATIONS[1].script)
     old.execute("PRAGMA user_version = 2")
     old.execute("INSERT INTO services (name, spec_json, generation, created_at) VALUES ('svc', '{}', 3, 1.0)")
     old.commit()

@@ -7,7 +7,8 @@ import sqlite3
 from pathlib import Path
 
 from servekeeper.model.hostpool import parse_host_pool
-from servekeeper.store.store import MIGRATIONS, SCHEMA_VERSION, Store
+from servekeeper.store.schema import MIGRATIONS, SCHEMA_VERSION
+from servekeeper.store.store import Store
 from tests.unit.test_hostpool import VALID
 
 
@@ -38,8 +39,8 @@ def test_apply_get_list_delete(tmp_path: Path) -> None:
 def test_a_store_from_before_host_pools_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     old = sqlite3.connect(path)
-    for script in MIGRATIONS[:5]:
-        old.executescript(script)
+    for migration in MIGRATIONS[:5]:
+        old.executescript(migration.script)
     old.execute("PRAGMA user_version = 5")
     old.execute("INSERT INTO services (name, spec_json, generation, created_at) VALUES ('svc', '{}', 2, 1.0)")
     old.commit()

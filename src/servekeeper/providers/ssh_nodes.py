@@ -2,7 +2,7 @@
 
 Each node is `ray start --block` in a session of its own (`setsid`) on its host, with its own
 `--temp-dir`, ports allocated on that host, and `--node-ip-address` set to the host's address.
-A small fixed launcher (`REMOTE_SCRIPT`, run by the host's `python -c`) does the work on the
+The node agent (`providers/remote/node_agent.py`, run by the host's `python -c`) does the work on the
 host; what it acts on reaches it as JSON on stdin, never in a command line or a shell string
 (the env of a group may hold secrets, and argv is public to every user of a host through `ps`).
 
@@ -29,6 +29,7 @@ from servekeeper.model.status import NodePorts
 from servekeeper.providers.base import ProviderError
 from servekeeper.providers.node_argv import RemoteNode, cluster_dir
 from servekeeper.providers.ports import PORT_HIGH, PORT_LOW, WORKER_PORTS_PER_NODE
+from servekeeper.providers.remote import node_agent_source
 from servekeeper.providers.ssh import HostConnection, HostUnreachable, SshError, with_retries
 
 logger = logging.getLogger(__name__)
@@ -38,144 +39,6 @@ TOKEN_FILE_NAME = "auth_token"
 TERM_GRACE_SECONDS = 3.0
 KILL_GRACE_SECONDS = 3.0
 
-# The host side. Subcommands: prepare, launch, alive, stop, forget, ports, free; the request is JSON on stdin,
-# the answer one JSON line on stdout. Linux /proc only: no psutil needed on the host.
-REMOTE_SCRIPT = r"""
-import json, os, shutil, signal, socket, subprocess, sys, time
-
-TAG = "SERVEKEEPER_NODE"
-
-def stat_of(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[3])  # state, session id
-    except (OSError, IndexError, ValueError):
-        return None, None
-
-def tagged(pid, marker):
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return (TAG + "=" + marker).encode() in f.read().split(b"\0")
-    except OSError:
-        return False
-
-def members(sid, marker):
-    # The session counts only while it is provably the node's (its leader is our `ray start`,
-    # or a member carries our tag): a session id is a pid, and pids are reused.
-    in_session, by_tag = [], []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        state, session = stat_of(entry)
-        if state is None or state == "Z":
-            continue
-        if tagged(entry, marker):
-            by_tag.append(int(entry))
-        elif session == sid:
-            in_session.append(int(entry))
-    if by_tag or is_node(sid, marker):
-        return sorted(set(by_tag + in_session))
-    return []
-
-def is_node(pid, marker):
-    state, _ = stat_of(pid)
-    if state is None or state == "Z":
-        return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return False
-    return ("--temp-dir=" + marker).encode() in argv
-
-def signal_all(pids, sig):
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-def wait_gone(sid, marker, seconds):
-    deadline = time.monotonic() + seconds
-    while True:
-        alive = members(sid, marker)
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.1)
-
-def free(port):
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-            return True
-        except OSError:
-            return False
-
-def main():
-    command = sys.argv[1]
-    request = json.loads(sys.stdin.read() or "{}")
-    if command == "prepare":
-        for directory in request["dirs"]:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-        answer = {}
-    elif command == "launch":
-        env = dict(os.environ)
-        env.update(request["env"])
-        with open(request["log"], "ab") as log:
-            child = subprocess.Popen(request["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True, close_fds=True, cwd=request["cwd"])
-        answer = {"pid": child.pid, "sid": os.getsid(child.pid)}
-    elif command == "alive":
-        answer = {"alive": is_node(request["pid"], request["marker"]),
-                  "members": len(members(request["sid"], request["marker"]))}
-    elif command == "stop":
-        sid, marker = request["sid"], request["marker"]
-        found = members(sid, marker)
-        if is_node(sid, marker):
-            try:
-                os.killpg(sid, signal.SIGTERM)  # `ray start` and the system processes in its group
-            except (ProcessLookupError, PermissionError):
-                pass
-        else:
-            signal_all(found, signal.SIGTERM)
-        alive = wait_gone(sid, marker, request["term_grace"]) if found else []
-        signal_all(alive, signal.SIGKILL)
-        left = wait_gone(sid, marker, request["kill_grace"]) if alive else []
-        if not left:
-            shutil.rmtree(marker, ignore_errors=True)  # the node's temp dir; its log stays beside it
-        answer = {"left": left}
-    elif command == "forget":
-        # A cluster's dir on the host (token, logs), once all its nodes there are stopped.
-        directory = request["dir"]
-        if os.path.dirname(directory.rstrip("/")) == request["work_dir"].rstrip("/"):
-            shutil.rmtree(directory, ignore_errors=True)
-        answer = {}
-    elif command == "ports":
-        taken = set(request["reserved"])
-        ports = []
-        for port in range(request["low"], request["high"] + 1):
-            if len(ports) == request["count"]:
-                break
-            if port not in taken and free(port):
-                ports.append(port)
-        block = None
-        size = request["block"]
-        for start in range(request["high"] - size + 1, request["low"] - 1, -size):
-            span = range(start, start + size)
-            if not taken.intersection(span) and not set(ports).intersection(span) and all(free(p) for p in span):
-                block = start
-                break
-        answer = {"ports": ports, "block": block}
-    elif command == "free":
-        answer = {"free": [port for port in request["candidates"] if free(port)]}
-    else:
-        raise SystemExit(f"unknown command {command}")
-    print(json.dumps(answer))
-
-main()
-"""
 
 
 class NodeUnreachable(HostUnreachable):
@@ -233,7 +96,7 @@ class SshNodes:
 
         async def once() -> Any:
             result = await connection.run(
-                [connection.host.python, "-c", REMOTE_SCRIPT, command], input=json.dumps(request), timeout=timeout
+                [connection.host.python, "-c", node_agent_source(), command], input=json.dumps(request), timeout=timeout
             )
             return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -328,7 +191,7 @@ class SshNodes:
         # records intent first and finds the node by its tag if it must (see `alive`).
         connection = self.connection(host)
         result = await connection.run(
-            [spec.python, "-c", REMOTE_SCRIPT, "launch"],
+            [spec.python, "-c", node_agent_source(), "launch"],
             input=json.dumps({"argv": list(argv), "env": node_env, "log": log_path, "cwd": temp_dir}),
         )
         answer = json.loads(result.stdout.strip().splitlines()[-1])

@@ -1,0 +1,238 @@
+"""The node agent: starts, watches and stops Ray nodes on a pool host, for servekeeper's SSH side.
+
+servekeeper sends this file as text and runs it with the host's python (`python -c <source>
+COMMAND`): the request is JSON on stdin, the answer one JSON line on stdout. Commands: prepare,
+launch, alive, stop, forget, ports, free. It must run on a bare host Python (3.10 or newer)
+with the standard library only, and it reads Linux's /proc itself: no psutil, no servekeeper.
+
+A node is found again by its session (the `ray start` launched here leads one of its own) and
+by its tag: every process of a node inherits `SERVEKEEPER_NODE=<temp dir>` in its environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+TAG = "SERVEKEEPER_NODE"  # servekeeper.providers.ssh_nodes.NODE_TAG_ENV (a test keeps them equal)
+POLL_SECONDS = 0.1
+
+Request = dict[str, Any]
+Answer = dict[str, Any]
+
+
+# -- /proc -------------------------------------------------------------------------------------------
+
+
+def stat_of(pid: int | str) -> tuple[str | None, int | None]:
+    """A process's state letter and session id (None, None if it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()  # after the command name, which may hold ")"
+        return fields[0], int(fields[3])
+    except (OSError, IndexError, ValueError):
+        return None, None
+
+
+def tagged(pid: int | str, marker: str) -> bool:
+    """Does the process carry the node's tag (`SERVEKEEPER_NODE=<marker>`) in its environment?"""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as file:
+            return (TAG + "=" + marker).encode() in file.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def is_node(pid: int, marker: str) -> bool:
+    """Is `pid` a live process started with `--temp-dir=<marker>` (the node's `ray start`)?"""
+    state, _ = stat_of(pid)
+    if state is None or state == "Z":
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            argv = file.read().split(b"\0")
+    except OSError:
+        return False
+    return ("--temp-dir=" + marker).encode() in argv
+
+
+def members(sid: int, marker: str) -> list[int]:
+    """The node's live processes: those in session `sid`, and those that carry its tag.
+
+    The session counts only while it is provably the node's (its leader is our `ray start`, or
+    a member carries our tag): a session id is a pid, and pids are reused."""
+    in_session: list[int] = []
+    by_tag: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        state, session = stat_of(entry)
+        if state is None or state == "Z":
+            continue
+        if tagged(entry, marker):
+            by_tag.append(int(entry))
+        elif session == sid:
+            in_session.append(int(entry))
+    if by_tag or is_node(sid, marker):
+        return sorted(set(by_tag + in_session))
+    return []
+
+
+# -- signals -----------------------------------------------------------------------------------------
+
+
+def signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def wait_gone(sid: int, marker: str, seconds: float) -> list[int]:
+    """Wait up to `seconds` for the node's processes to end; those still alive."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = members(sid, marker)
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(POLL_SECONDS)
+
+
+def free(port: int) -> bool:
+    """Can a listener bind `port` on every address of the host right now?"""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+
+# -- the commands ------------------------------------------------------------------------------------
+
+
+def prepare(request: Request) -> Answer:
+    """Make the directories (0700): a cluster's dir, a node's temp dir."""
+    for directory in request["dirs"]:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    return {}
+
+
+def launch(request: Request) -> Answer:
+    """Start `argv` in a session of its own, its output appended to `log`; its pid and session."""
+    env = dict(os.environ)
+    env.update(request["env"])
+    with open(request["log"], "ab") as log:
+        child = subprocess.Popen(
+            request["argv"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+            cwd=request["cwd"],
+        )
+    return {"pid": child.pid, "sid": os.getsid(child.pid)}
+
+
+def alive(request: Request) -> Answer:
+    return {
+        "alive": is_node(request["pid"], request["marker"]),
+        "members": len(members(request["sid"], request["marker"])),
+    }
+
+
+def stop(request: Request) -> Answer:
+    """TERM the node's session (or its tagged processes), wait, KILL what is left, and verify;
+    the pids that survived. The node's temp dir goes once nothing is left (its log stays)."""
+    sid, marker = request["sid"], request["marker"]
+    found = members(sid, marker)
+    if is_node(sid, marker):
+        try:
+            os.killpg(sid, signal.SIGTERM)  # `ray start` and the system processes in its group
+        except (ProcessLookupError, PermissionError):
+            pass
+    else:
+        signal_all(found, signal.SIGTERM)
+    still = wait_gone(sid, marker, request["term_grace"]) if found else []
+    signal_all(still, signal.SIGKILL)
+    left = wait_gone(sid, marker, request["kill_grace"]) if still else []
+    if not left:
+        shutil.rmtree(marker, ignore_errors=True)
+    return {"left": left}
+
+
+def forget(request: Request) -> Answer:
+    """Remove a cluster's dir on the host (token, logs), once all its nodes there are stopped;
+    only a dir directly under the work dir."""
+    directory = request["dir"]
+    if os.path.dirname(directory.rstrip("/")) == request["work_dir"].rstrip("/"):
+        shutil.rmtree(directory, ignore_errors=True)
+    return {}
+
+
+def ports(request: Request) -> Answer:
+    """`count` free ports from the bottom of [low, high], not `reserved`, and the start of a
+    free block of `block` ports from the top (None if there is none)."""
+    taken = set(request["reserved"])
+    singles: list[int] = []
+    for port in range(request["low"], request["high"] + 1):
+        if len(singles) == request["count"]:
+            break
+        if port not in taken and free(port):
+            singles.append(port)
+    block = None
+    size = request["block"]
+    for start in range(request["high"] - size + 1, request["low"] - 1, -size):
+        span = range(start, start + size)
+        if not taken.intersection(span) and not set(singles).intersection(span) and all(free(p) for p in span):
+            block = start
+            break
+    return {"ports": singles, "block": block}
+
+
+def free_ports(request: Request) -> Answer:
+    return {"free": [port for port in request["candidates"] if free(port)]}
+
+
+COMMANDS: dict[str, Callable[[Request], Answer]] = {
+    "prepare": prepare,
+    "launch": launch,
+    "alive": alive,
+    "stop": stop,
+    "forget": forget,
+    "ports": ports,
+    "free": free_ports,
+}
+
+
+def run(command: str, request: Request) -> Answer:
+    try:
+        handler = COMMANDS[command]
+    except KeyError:
+        raise SystemExit(f"unknown command {command}") from None
+    return handler(request)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`node_agent COMMAND`, the request (JSON) on stdin; prints the answer as one JSON line."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        raise SystemExit(f"usage: node_agent {{{','.join(COMMANDS)}}} < request.json")
+    request = json.loads(sys.stdin.read() or "{}")
+    print(json.dumps(run(args[0], request)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Events: what happened to each service, newest kept (EVENTS_KEPT_PER_SERVICE per service).
+Functions take the connection; writes run inside the caller's transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+from servekeeper.model.status import Event
+from servekeeper.store.rows import event_from_row
+
+EVENTS_KEPT_PER_SERVICE = 500
+
+
+def add_events(db: sqlite3.Connection, events: Sequence[Event]) -> None:
+    for event in events:
+        db.execute(
+            "INSERT INTO events (service, time, type, reason, message) VALUES (?, ?, ?, ?, ?)",
+            (event.service, event.time, event.type, event.reason, event.message),
+        )
+    for service in {event.service for event in events}:
+        db.execute(
+            "DELETE FROM events WHERE service = ? AND id NOT IN "
+            "(SELECT id FROM events WHERE service = ? ORDER BY id DESC LIMIT ?)",
+            (service, service, EVENTS_KEPT_PER_SERVICE),
+        )
+
+
+def list_events(db: sqlite3.Connection, service: str | None, limit: int) -> list[Event]:
+    """The last `limit` events (of `service`, or of all), oldest first."""
+    if service is None:
+        rows = db.execute("SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+    else:
+        rows = db.execute(
+            "SELECT * FROM events WHERE service = ? ORDER BY id DESC LIMIT ?", (service, limit)
+        ).fetchall()
+    return [event_from_row(row) for row in reversed(rows)]

@@ -1,0 +1,162 @@
+"""The store's schema: every change to it, in order, as numbered migrations.
+
+A store's version is `PRAGMA user_version`: the number of the last migration it has. Opening a
+store runs the ones it lacks, each in the write transaction that also bumps the version; a new
+column or table is a new migration at the end of MIGRATIONS, never an edit of an old one (stores
+in the field have run those already).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int  # the store's user_version once it has run
+    purpose: str
+    script: str  # statements separated by ";"
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "services, clusters, events, small key/value facts (the ingress process, ...)",
+        """
+        CREATE TABLE services (
+            name TEXT PRIMARY KEY,
+            spec_json TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            observed_generation INTEGER NOT NULL DEFAULT 0,
+            deleting INTEGER NOT NULL DEFAULT 0,
+            unhealthy_since REAL,
+            failed_generation INTEGER,
+            failure_reason TEXT,
+            conditions_json TEXT NOT NULL DEFAULT '[]',
+            created_at REAL NOT NULL
+        );
+        CREATE TABLE clusters (
+            name TEXT PRIMARY KEY,
+            service TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            cluster_spec_hash TEXT NOT NULL,
+            cluster_spec_json TEXT NOT NULL,
+            role TEXT NOT NULL,
+            ports_json TEXT NOT NULL,
+            temp_dir TEXT NOT NULL,
+            log_dir TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            head_pid INTEGER,
+            worker_pids_json TEXT NOT NULL DEFAULT '[]',
+            submitted_config_hash TEXT,
+            applied_config_hash TEXT,
+            config_submitted_at REAL,
+            ready_at REAL,
+            drain_started_at REAL,
+            failure_reason TEXT
+        );
+        CREATE INDEX clusters_by_service ON clusters(service);
+        CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            service TEXT NOT NULL,
+            time REAL NOT NULL,
+            type TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            message TEXT NOT NULL
+        );
+        CREATE INDEX events_by_service ON events(service, id);
+        CREATE TABLE facts (key TEXT PRIMARY KEY, value_json TEXT NOT NULL);
+        """,
+    ),
+    Migration(
+        2,
+        'an audit row per Serve config PUT, so "never submitted twice" can be checked',
+        """
+        CREATE TABLE submissions (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            cluster TEXT NOT NULL,
+            config_hash TEXT NOT NULL,
+            time REAL NOT NULL
+        );
+        """,
+    ),
+    Migration(
+        3,
+        "the hash of the code package a spec points at: a code-only change is a new generation",
+        """
+        ALTER TABLE services ADD COLUMN package_hash TEXT;
+        ALTER TABLE clusters ADD COLUMN package_hash TEXT;
+        """,
+    ),
+    Migration(
+        4,
+        "the document of each PUT (to recognise it in Ray's answers, and to restore it), and per cluster "
+        "the last config seen running well",
+        """
+        ALTER TABLE submissions ADD COLUMN document_json TEXT;
+        ALTER TABLE clusters ADD COLUMN good_config_hash TEXT;
+        """,
+    ),
+    Migration(
+        5,
+        "progressive delivery: a canary's progress (controller-owned) and the commands an operator gave it "
+        "(API-owned counters, so that a command given mid-tick is never lost); one row per generation of a "
+        "service, for history and undo",
+        """
+        ALTER TABLE clusters ADD COLUMN canary_json TEXT;
+        ALTER TABLE clusters ADD COLUMN promote_requests INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE clusters ADD COLUMN promote_full INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE clusters ADD COLUMN abort_requested INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE clusters ADD COLUMN target_capacity REAL;
+        CREATE TABLE revisions (
+            service TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            spec_json TEXT NOT NULL,
+            spec_hash TEXT NOT NULL,
+            package_hash TEXT,
+            created_at REAL NOT NULL,
+            cause TEXT NOT NULL,
+            outcome TEXT NOT NULL,
+            ended_at REAL,
+            ended_by TEXT,
+            message TEXT,
+            PRIMARY KEY (service, revision)
+        );
+        """,
+    ),
+    Migration(
+        6,
+        "host pools (issue 10): the machines multi-host clusters run on, as applied",
+        """
+        CREATE TABLE host_pools (
+            name TEXT PRIMARY KEY,
+            spec_json TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        """,
+    ),
+    Migration(
+        7,
+        "clusters on a host pool: the pool, and each node's host, ports and process",
+        """
+        ALTER TABLE clusters ADD COLUMN pool TEXT;
+        ALTER TABLE clusters ADD COLUMN nodes_json TEXT NOT NULL DEFAULT '[]';
+        """,
+    ),
+)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def schema_version(db: sqlite3.Connection) -> int:
+    return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+
+def apply_migration(db: sqlite3.Connection, migration: Migration) -> None:
+    """Run one migration and record its version, inside the caller's transaction."""
+    # executescript() would COMMIT first; run the statements one by one instead.
+    for statement in migration.script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    db.execute(f"PRAGMA user_version = {migration.version}")

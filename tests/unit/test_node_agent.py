@@ -1,0 +1,336 @@
+"""The node agent (providers/remote/node_agent.py) on this machine, without root or sshd: its /proc
+reading and session logic on harmless processes, its commands, its argument parsing and output
+protocol, and the file run standalone by the controller's python and by a bare Python 3.10."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servekeeper.model.hostpool import HostSpec
+from servekeeper.providers.remote import node_agent, node_agent_source
+from servekeeper.providers.ssh_nodes import NODE_TAG_ENV, SshNodes
+from tests.unit.test_hostpool import host
+
+PYTHON_310 = Path("/root/.pyenv/versions/3.10.13/bin/python3.10")
+AGENT_FILE = Path(node_agent.__file__)
+
+# Stands in for `ray start --block`: carries the node's --temp-dir in its argv and leaves a child
+# (`sleep`) in its session, as the raylet and GCS are in a real node's.
+STAND_IN = "import subprocess, sys, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def gone(pid: int) -> bool:
+    state, _ = node_agent.stat_of(pid)
+    return state is None or state == "Z"
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test starts itself; whatever is left is killed and reaped."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture
+def launched() -> Iterator[list[int]]:
+    """Pids the agent launched in this process: killed (their session) and reaped at the end."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def stand_in_request(marker: str, log: Path) -> dict[str, Any]:
+    return {
+        "argv": [sys.executable, "-c", STAND_IN, f"--temp-dir={marker}"],
+        "env": {NODE_TAG_ENV: marker},
+        "log": str(log),
+        "cwd": marker,
+    }
+
+
+def test_the_tag_is_the_one_the_controller_sets() -> None:
+    assert node_agent.TAG == NODE_TAG_ENV
+
+
+def test_launch_alive_and_stop_end_exactly_the_node(
+    tmp_path: Path, launched: list[int], processes: list[subprocess.Popen[bytes]]
+) -> None:
+    marker = str(tmp_path / "node")
+    assert node_agent.run("prepare", {"dirs": [marker]}) == {}
+    answer = node_agent.run("launch", stand_in_request(marker, tmp_path / "node.log"))
+    pid, sid = answer["pid"], answer["sid"]
+    launched.append(pid)
+    assert sid == pid  # a session of its own, led by the node
+    wait_for(lambda: len(node_agent.members(sid, marker)) == 2)  # the stand-in and its sleep
+    # Not the node: a process in a session of its own, untagged, and one tagged for another node.
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    other_node = subprocess.Popen(["sleep", "60"], start_new_session=True, env={**os.environ, NODE_TAG_ENV: "other"})
+    # The node's, though it left the session: tagged.
+    straggler = subprocess.Popen(["sleep", "60"], start_new_session=True, env={**os.environ, NODE_TAG_ENV: marker})
+    processes.extend([bystander, other_node, straggler])
+    wait_for(lambda: node_agent.tagged(straggler.pid, marker))
+
+    node = node_agent.members(sid, marker)
+    assert straggler.pid in node and pid in node and len(node) == 3
+    assert bystander.pid not in node and other_node.pid not in node
+    assert node_agent.run("alive", {"pid": pid, "sid": sid, "marker": marker}) == {"alive": True, "members": 3}
+
+    # TERM goes to the session; the straggler outside it is KILLed once the grace is over.
+    assert node_agent.run("stop", {"sid": sid, "marker": marker, "term_grace": 1.0, "kill_grace": 5.0}) == {"left": []}
+    assert all(gone(p) for p in node)
+    assert straggler.wait(5) == -signal.SIGKILL
+    assert bystander.poll() is None and other_node.poll() is None  # untouched
+    assert node_agent.run("alive", {"pid": pid, "sid": sid, "marker": marker}) == {"alive": False, "members": 0}
+    assert not Path(marker).exists() and (tmp_path / "node.log").exists()  # the temp dir goes, the log stays
+
+
+def test_a_session_not_led_by_the_node_is_not_the_node(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    """A session id is a pid, and pids are reused: a session whose leader is not the node's
+    `ray start` and that holds none of its tagged processes is someone else's, and left alone."""
+    marker = str(tmp_path / "node")
+    Path(marker).mkdir()
+    someone = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    processes.append(someone)
+    wait_for(lambda: node_agent.stat_of(someone.pid)[1] == someone.pid)
+    assert node_agent.members(someone.pid, marker) == []
+    assert not node_agent.is_node(someone.pid, marker)
+    answer = node_agent.run("stop", {"sid": someone.pid, "marker": marker, "term_grace": 0.2, "kill_grace": 0.2})
+    assert answer == {"left": []}
+    assert someone.poll() is None
+    assert not Path(marker).exists()  # nothing of the node is left, so its temp dir goes
+
+
+def test_stat_reads_past_a_command_name_with_parentheses_and_spaces(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    odd = tmp_path / "sl) e p"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", odd)
+    process = subprocess.Popen([str(odd), "60"], start_new_session=True)
+    processes.append(process)
+    wait_for(lambda: node_agent.stat_of(process.pid)[1] == process.pid)
+    state, session = node_agent.stat_of(process.pid)
+    assert state in {"S", "R"} and session == process.pid
+    assert node_agent.stat_of(str(process.pid)) == node_agent.stat_of(process.pid)
+
+
+def test_a_process_that_is_gone_reads_as_nothing() -> None:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    assert node_agent.stat_of(process.pid) == (None, None)
+    assert not node_agent.tagged(process.pid, "x")
+    assert not node_agent.is_node(process.pid, "x")
+    assert node_agent.stat_of("self")[0] == "R"  # /proc/self: this process, running
+
+
+def test_prepare_makes_private_dirs(tmp_path: Path) -> None:
+    target = tmp_path / "work" / "cluster" / "node"
+    assert node_agent.run("prepare", {"dirs": [str(target)]}) == {}
+    assert stat.S_IMODE(target.stat().st_mode) == 0o700 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_forget_removes_only_a_cluster_dir_directly_under_the_work_dir(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    cluster = work / "svc-1"
+    deeper = work / "svc-2" / "inner"
+    for directory in (cluster, deeper):
+        directory.mkdir(parents=True)
+    assert node_agent.run("forget", {"dir": f"{cluster}/", "work_dir": f"{work}/"}) == {}
+    assert node_agent.run("forget", {"dir": str(deeper), "work_dir": str(work)}) == {}
+    assert node_agent.run("forget", {"dir": str(tmp_path), "work_dir": str(work)}) == {}
+    assert not cluster.exists() and deeper.exists() and work.exists()
+
+
+def test_ports_skip_what_is_bound_or_reserved_and_keep_the_block_apart() -> None:
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        busy = held.getsockname()[1]
+        low, high = busy - 2, busy + 40
+        request = {"count": 4, "block": 8, "reserved": [busy - 1], "low": low, "high": high}
+        answer = node_agent.run("ports", request)
+        singles, block = answer["ports"], answer["block"]
+        assert len(singles) <= 4 and busy not in singles and busy - 1 not in singles
+        assert all(low <= port <= high for port in singles)
+        if block is not None:
+            span = range(block, block + 8)
+            assert low <= block and block + 7 <= high
+            assert busy not in span and busy - 1 not in span and not set(singles) & set(span)
+        assert node_agent.run("free", {"candidates": [busy, *singles]}) == {"free": singles}
+        assert not node_agent.free(busy)
+
+
+def test_no_block_fits_in_a_range_smaller_than_a_block() -> None:
+    answer = node_agent.run("ports", {"count": 0, "block": 8, "reserved": [], "low": 40000, "high": 40005})
+    assert answer == {"ports": [], "block": None}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(
+            [], "usage: node_agent {prepare,launch,alive,stop,forget,ports,free} < request.json", id="no-command"
+        ),
+        pytest.param(["reboot"], "unknown command reboot", id="unknown"),
+    ],
+)
+def test_a_bad_command_exits_with_a_message(monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("{}"))
+    with pytest.raises(SystemExit) as exited:
+        node_agent.main(argv)
+    assert str(exited.value.code) == message
+
+
+def test_the_answer_is_one_json_line_on_stdout(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["-c", "prepare"])  # as `python -c <source> prepare` sets it
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps({"dirs": [str(tmp_path / "d")]})))
+    node_agent.main()
+    assert capsys.readouterr().out == "{}\n"
+    assert (tmp_path / "d").is_dir()
+
+
+def test_the_agent_needs_nothing_but_the_standard_library() -> None:
+    tree = ast.parse(node_agent_source())
+    modules = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    modules |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert modules and all(name.split(".")[0] in sys.stdlib_module_names for name in modules), modules
+
+
+def test_the_source_sent_to_hosts_is_the_module_file() -> None:
+    assert node_agent_source() == AGENT_FILE.read_text(encoding="utf-8")
+
+
+def agent_call(python: str, how: list[str], command: str, request: dict[str, Any], cwd: Path) -> Any:
+    """Run the agent as the controller does on a host: isolated (-I: no servekeeper, no
+    PYTHONPATH, no site dir of the user), the request on stdin, the answer on the last line."""
+    result = subprocess.run(
+        [python, "-I", *how, command], input=json.dumps(request), capture_output=True, text=True, timeout=60, cwd=cwd
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "python",
+    [
+        pytest.param(sys.executable, id="controller-python"),
+        pytest.param(
+            str(PYTHON_310),
+            id="python3.10",
+            marks=pytest.mark.skipif(not PYTHON_310.exists(), reason="no Python 3.10 at " + str(PYTHON_310)),
+        ),
+    ],
+)
+@pytest.mark.parametrize("how", ["-c", "file"])
+def test_the_agent_runs_standalone(python: str, how: str, tmp_path: Path) -> None:
+    invocation = ["-c", node_agent_source()] if how == "-c" else [str(AGENT_FILE)]
+    marker = str(tmp_path / "node")
+
+    def call(command: str, request: dict[str, Any]) -> Any:
+        return agent_call(python, invocation, command, request, tmp_path)
+
+    assert call("prepare", {"dirs": [marker]}) == {}
+    started = call("launch", stand_in_request(marker, tmp_path / "node.log"))
+    pid, sid = started["pid"], started["sid"]
+    try:
+        assert sid == pid
+        wait_for(lambda: call("alive", {"pid": pid, "sid": sid, "marker": marker}) == {"alive": True, "members": 2})
+        assert call("stop", {"sid": sid, "marker": marker, "term_grace": 5.0, "kill_grace": 5.0}) == {"left": []}
+        assert call("alive", {"pid": pid, "sid": sid, "marker": marker}) == {"alive": False, "members": 0}
+        assert not Path(marker).exists()
+    finally:
+        try:
+            os.killpg(sid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    assert call("free", {"candidates": []}) == {"free": []}
+    unknown = subprocess.run(
+        [python, "-I", *invocation, "reboot"], input="{}", capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert unknown.returncode == 1 and "unknown command reboot" in unknown.stderr and unknown.stdout == ""
+
+
+class LocalShell:
+    """An open asyncssh connection whose commands run here, as sshd runs them: the command
+    line, one string, through the login shell (`sh -c`)."""
+
+    @dataclass
+    class Completed:
+        exit_status: int | None
+        stdout: str
+        stderr: str
+
+    def is_closed(self) -> bool:
+        return False
+
+    async def run(self, command: str, *, input: str | None, timeout: float, check: bool, encoding: str) -> Completed:
+        process = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(process.communicate((input or "").encode(encoding)), timeout)
+        return self.Completed(process.returncode, out.decode(encoding), err.decode(encoding))
+
+
+async def test_the_controller_side_drives_the_agent_through_a_shell(tmp_path: Path) -> None:
+    """SshNodes, with its connection's commands run by a local shell: the agent's text quoted
+    into one command line, its requests and answers, a node started, seen and stopped."""
+    spec = HostSpec.model_validate({**host("here", "127.0.0.1"), "python": sys.executable})
+    nodes = SshNodes([spec])
+    nodes.connection("here")._connection = LocalShell()  # type: ignore[assignment]
+    marker = str(tmp_path / "node")
+    ports, _ = await nodes.node_ports("here")
+    request = stand_in_request(marker, tmp_path / "node.log")
+    node = await nodes.start_node("here", "worker", request["argv"], marker, ports, str(tmp_path / "token"))
+    try:
+        assert node.session_id == node.pid and node.log_path == f"{marker}.log" and Path(marker).is_dir()
+        assert await nodes.alive(node)
+        assert await nodes.stop(node) == []
+        assert not await nodes.alive(node)
+    finally:
+        try:
+            os.killpg(node.session_id, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
