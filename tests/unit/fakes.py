@@ -12,7 +12,7 @@ from typing import Any
 
 from servekeeper.core.health import parse_applications
 from servekeeper.dataplane import DataPlaneError, RouteObservation, ServiceRoute
-from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.status import AppState, ClusterRecord
 from servekeeper.rayapi.package import Package
 from servekeeper.rayapi.serve_api import RetryableServeError

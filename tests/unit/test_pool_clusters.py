@@ -16,8 +16,8 @@ import pytest
 
 from servekeeper.api.hosts import usage
 from servekeeper.controller.loop import Controller
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import parse_host_pool
-from servekeeper.model.spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterRecord, ClusterRole, NodePlacement
 from servekeeper.providers.pool import PoolClusters, Shortfall
 from servekeeper.providers.ports import PortAllocator

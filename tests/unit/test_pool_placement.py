@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from servekeeper.core.placement import HostRoom, free_room, node_needs, place
-from servekeeper.model.spec import RayClusterConfigSpec, SpecError, parse_spec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.spec import SpecError, parse_spec
 
 GIB = 2**30
 

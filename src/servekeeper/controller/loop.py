@@ -26,7 +26,8 @@ from servekeeper.core import actions as act
 from servekeeper.core.planner import plan
 from servekeeper.core.serve_config import build_serve_config, config_deployed, desired_config_hash, package_hash_of
 from servekeeper.dataplane import Backend, BackendStats, DataPlaneError, Endpoint, RouteObservation, ServiceRoute
-from servekeeper.model.spec import RayClusterConfigSpec, ServiceSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.spec import ServiceSpec
 from servekeeper.model.status import (
     BackendCounters,
     ClusterObservation,

@@ -27,7 +27,8 @@ from servekeeper.core.actions import (
 from servekeeper.core.canary_flow import canary_tick
 from servekeeper.core.health import Verdict, health, judged_apps, readiness, switch_allowed
 from servekeeper.core.serve_config import desired_config_hash
-from servekeeper.model.spec import CanarySpec, RayClusterConfigSpec, ServiceSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.spec import CanarySpec, ServiceSpec
 from servekeeper.model.status import (
     FAILED_APP_STATUSES,
     AppSource,

@@ -17,15 +17,8 @@ import yaml
 from servekeeper.kuberay.fields import EXTENSIONS_ANNOTATION, INITIALIZING_TIMEOUT_ANNOTATION
 from servekeeper.kuberay.notes import SecretRef
 from servekeeper.kuberay.quantity import format_duration, format_memory
-from servekeeper.model.spec import (
-    HeadGroupSpec,
-    IngressSpec,
-    RayClusterConfigSpec,
-    ReadinessSpec,
-    ServiceSpec,
-    ServiceSpecBody,
-    StartParamValue,
-)
+from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, StartParamValue
+from servekeeper.model.spec import IngressSpec, ReadinessSpec, ServiceSpec, ServiceSpecBody
 
 RAY_IMAGE = "rayproject/ray"
 

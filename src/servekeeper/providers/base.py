@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterRecord
 
 

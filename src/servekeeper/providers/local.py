@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from servekeeper.controller.hooks import Hooks
-from servekeeper.model.spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
+from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
 from servekeeper.model.status import ClusterRecord, NodePorts
 from servekeeper.providers.base import ProviderError
 

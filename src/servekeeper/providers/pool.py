@@ -23,8 +23,8 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, nodes_taking_room, place
 from servekeeper.dataplane import Endpoint
+from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec
 from servekeeper.model.hostpool import HostPoolSpec, HostSpec
-from servekeeper.model.spec import HeadGroupSpec, RayClusterConfigSpec
 from servekeeper.model.status import ClusterPorts, ClusterRecord, NodePlacement
 from servekeeper.providers.base import ProviderError
 from servekeeper.providers.local import _param_args, _resource_args
