@@ -14,15 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import exit_cleanly_on_sigterm
-from servekeeper.testing.harness import (
-    Load,
-    Servekeeper,
-    free_port,
-    model_urls,
-    models_answer,
-    registry_spec,
-    wait_until,
-)
+from servekeeper.testing.harness import Servekeeper, free_port, model_urls, models_answer, registry_spec, wait_until
+from servekeeper.testing.load import Load
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -19,7 +19,8 @@ import psutil
 
 from bench.loadgen import exit_cleanly_on_sigterm
 from servekeeper.providers.ports import port_is_free
-from servekeeper.testing.harness import Load, Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.load import Load
 
 RESULTS = Path(__file__).parent / "results"
 

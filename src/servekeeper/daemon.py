@@ -91,13 +91,8 @@ async def run_daemon(
     """`metrics_port`: also serve GET /metrics without the token on 127.0.0.1:PORT (0: any free port)."""
     if api_host not in LOOPBACK_HOSTS and not allow_remote:
         raise DaemonError(f"refusing to bind the API to {api_host}: pass --allow-remote to expose it")
-    state_dir.mkdir(parents=True, exist_ok=True)
-    lock = _take_lock(state_dir)
-    token = ensure_token(state_dir)
-    store = Store(state_dir / "store.db")
-    gate = SwitchGate(os.environ.get(GATE_ENV, SwitchGate.READY.value))
-    if gate != SwitchGate.READY:
-        logger.warning("UNSAFE: traffic switches on the %r gate (%s is set)", gate.value, GATE_ENV)
+    lock, token, store = _open_state(state_dir)
+    gate = _switch_gate()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
         # Envoy runs in processes of its own: adopted if they run, started if not; they outlive
         # this daemon (even kill -9), and the supervisor restarts any that dies.
@@ -117,60 +112,108 @@ async def run_daemon(
         supervisor = asyncio.create_task(dataplane.supervise(stop), name="dataplane-supervisor")
         dashboard = Dashboard()  # /ui: its logins, and the ingress stats its charts draw
         sampler = asyncio.create_task(dashboard.history.run(dataplane.backend_stats, stop), name="stats-history")
-        stop_everything = False
-
-        async def request_shutdown(stop_clusters: bool) -> None:
-            nonlocal stop_everything
-            stop_everything = stop_clusters
-            server.should_exit = True
-
+        shutdown = _ShutdownRequest()
         port = api_port or PortAllocator().one()
         app = build_app(
-            controller, store, token, request_shutdown, packages_dir=state_dir / "packages", dashboard=dashboard
+            controller, store, token, shutdown.request, packages_dir=state_dir / "packages", dashboard=dashboard
         )
         add_metrics_route(app, metrics)  # behind the token, like every call of the API
-        server = uvicorn.Server(
-            uvicorn.Config(app, host=api_host, port=port, log_level="warning", lifespan="off", access_log=False)
-        )
+        server = shutdown.server = _server(app, api_host, port)
         loop_task = asyncio.create_task(controller.run(stop), name="controller")
         serve_task = asyncio.create_task(server.serve(), name="api")
-        while not server.started and not serve_task.done():
-            await asyncio.sleep(0.05)
-        if serve_task.done():
-            stop.set()
-            await loop_task
-            await supervisor
-            await sampler
+        background = (loop_task, supervisor, sampler)
+        if not await _started(server, serve_task):
+            await _wind_down(stop, background)
             await dataplane.close()
             raise DaemonError(f"the API could not listen on {api_host}:{port}")
-        metrics_server = None
-        if metrics_port is not None:
-            metrics_server = await _serve_metrics(metrics, metrics_port)
-        (state_dir / "controller.pid").write_text(str(os.getpid()))
-        api_info: dict[str, Any] = {"url": f"http://{_url_host(api_host)}:{port}", "pid": os.getpid()}
-        if metrics_server is not None:
-            api_info["metricsUrl"] = f"http://127.0.0.1:{metrics_server.config.port}/metrics"
-        _write_json(state_dir / "api.json", api_info)
-        logger.info("servekeeper is up: API on %s:%d, state in %s", api_host, port, state_dir)
+        metrics_server = await _announce(state_dir, api_host, port, metrics, metrics_port)
         try:
             await serve_task
         finally:
-            stop.set()
             if metrics_server is not None:
                 metrics_server.should_exit = True
-            await loop_task
-            await supervisor
-            await sampler
-            await controller.shutdown(stop_clusters=stop_everything)
-            if stop_everything:
-                await stop_data_plane(dataplane)
-            else:
-                await dataplane.close()
-            for name in ("api.json", "controller.pid"):
-                with contextlib.suppress(FileNotFoundError):
-                    (state_dir / name).unlink()
+            await _wind_down(stop, background)
+            await controller.shutdown(stop_clusters=shutdown.stop_clusters)
+            await _let_go(state_dir, dataplane, shutdown.stop_clusters)
             store.close()
             lock.close()
+
+
+async def _wind_down(stop: asyncio.Event, tasks: tuple[asyncio.Task[None], ...]) -> None:
+    """Tell the background tasks to stop, and wait for each to end."""
+    stop.set()
+    for task in tasks:
+        await task
+
+
+async def _let_go(state_dir: Path, dataplane: DataPlane, stop_everything: bool) -> None:
+    """`down` stops the Envoy processes too; an exit otherwise leaves them serving. Either way
+    the files that say a daemon runs go."""
+    if stop_everything:
+        await stop_data_plane(dataplane)
+    else:
+        await dataplane.close()
+    for name in ("api.json", "controller.pid"):
+        with contextlib.suppress(FileNotFoundError):
+            (state_dir / name).unlink()
+
+
+def _open_state(state_dir: Path) -> tuple[IO[str], str, Store]:
+    """The state dir's lock (one controller per state dir), API token and store."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    lock = _take_lock(state_dir)
+    token = ensure_token(state_dir)
+    return lock, token, Store(state_dir / "store.db")
+
+
+class _ShutdownRequest:
+    """What the API's shutdown call asked for: the API server exits, and then `down` also stops
+    the clusters and the Envoy processes."""
+
+    def __init__(self) -> None:
+        self.stop_clusters = False
+        self.server: uvicorn.Server | None = None
+
+    async def request(self, stop_clusters: bool) -> None:
+        self.stop_clusters = stop_clusters
+        if self.server is not None:
+            self.server.should_exit = True
+
+
+def _switch_gate() -> SwitchGate:
+    gate = SwitchGate(os.environ.get(GATE_ENV, SwitchGate.READY.value))
+    if gate != SwitchGate.READY:
+        logger.warning("UNSAFE: traffic switches on the %r gate (%s is set)", gate.value, GATE_ENV)
+    return gate
+
+
+def _server(app: Any, host: str, port: int) -> uvicorn.Server:
+    return uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False)
+    )
+
+
+async def _started(server: uvicorn.Server, task: asyncio.Task[None]) -> bool:
+    """Wait until the server listens (True) or its task ended, having failed to (False)."""
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    return not task.done()
+
+
+async def _announce(
+    state_dir: Path, api_host: str, port: int, metrics: Metrics, metrics_port: int | None
+) -> uvicorn.Server | None:
+    """Start the metrics endpoint if asked for, then tell clients where the API is (api.json)."""
+    metrics_server = None
+    if metrics_port is not None:
+        metrics_server = await _serve_metrics(metrics, metrics_port)
+    (state_dir / "controller.pid").write_text(str(os.getpid()))
+    api_info: dict[str, Any] = {"url": f"http://{_url_host(api_host)}:{port}", "pid": os.getpid()}
+    if metrics_server is not None:
+        api_info["metricsUrl"] = f"http://127.0.0.1:{metrics_server.config.port}/metrics"
+    _write_json(state_dir / "api.json", api_info)
+    logger.info("servekeeper is up: API on %s:%d, state in %s", api_host, port, state_dir)
+    return metrics_server
 
 
 def _url_host(host: str) -> str:
@@ -209,14 +252,9 @@ def start_detached(state_dir: Path, extra_args: list[str], timeout: float = 60.0
 async def _serve_metrics(metrics: Metrics, port: int) -> uvicorn.Server:
     """GET /metrics without the token, on loopback only: for a local Prometheus (or its agent)."""
     port = port or PortAllocator().one()
-    app = build_metrics_app(metrics)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", access_log=False)
-    )
+    server = _server(build_metrics_app(metrics), "127.0.0.1", port)
     task = asyncio.create_task(server.serve(), name="metrics")
-    while not server.started and not task.done():
-        await asyncio.sleep(0.05)
-    if task.done():
+    if not await _started(server, task):
         raise DaemonError(f"the metrics endpoint could not listen on 127.0.0.1:{port}")
     logger.info("metrics without the token on http://127.0.0.1:%d/metrics", port)
     return server

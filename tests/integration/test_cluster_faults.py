@@ -11,7 +11,8 @@ import psutil
 import pytest
 
 from servekeeper.providers.local import session_members
-from servekeeper.testing.harness import Load, Servekeeper, free_port, hello_spec, pid_alive, wait_until
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, pid_alive, wait_until
+from servekeeper.testing.load import Load
 
 pytestmark = pytest.mark.ray
 

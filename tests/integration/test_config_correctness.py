@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 from servekeeper.providers.local import tagged_processes
-from servekeeper.testing.harness import HELLO_APP, Load, Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.harness import HELLO_APP, Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.load import Load
 
 pytestmark = pytest.mark.ray
 

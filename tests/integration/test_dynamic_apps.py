@@ -10,7 +10,6 @@ import pytest
 
 from servekeeper.testing.harness import (
     MODELS,
-    Load,
     Servekeeper,
     free_port,
     hello_spec,
@@ -19,6 +18,7 @@ from servekeeper.testing.harness import (
     registry_spec,
     wait_until,
 )
+from servekeeper.testing.load import Load
 
 pytestmark = pytest.mark.ray
 

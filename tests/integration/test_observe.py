@@ -18,7 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from servekeeper import AsyncClient, Client, ServiceNotFound, SpecInvalid
-from servekeeper.testing.harness import Load, Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.load import Load
 
 pytestmark = pytest.mark.ray
 

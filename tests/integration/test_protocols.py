@@ -24,7 +24,8 @@ import yaml
 from ray.serve.generated import serve_pb2, serve_pb2_grpc
 from websockets.sync.client import ClientConnection, connect
 
-from servekeeper.testing.harness import REPO, Load, Servekeeper, free_port, hello_spec, pid_alive, wait_until
+from servekeeper.testing.harness import REPO, Servekeeper, free_port, hello_spec, pid_alive, wait_until
+from servekeeper.testing.load import Load
 
 pytestmark = pytest.mark.ray
 

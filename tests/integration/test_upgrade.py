@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from servekeeper.testing.harness import Load, Servekeeper, free_port, hello_spec, pid_alive, wait_until
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, pid_alive, wait_until
+from servekeeper.testing.load import Load
 
 pytestmark = pytest.mark.ray
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from servekeeper.testing.harness import HELLO_APP, Load, Servekeeper, free_port, wait_until
+from servekeeper.testing.harness import HELLO_APP, Servekeeper, free_port, wait_until
+from servekeeper.testing.load import Load
 from tests.fleet import Fleet
 from tests.multihost.test_service_on_fleet import tagged_pids
 

@@ -19,7 +19,8 @@ import psutil
 import pytest
 import yaml
 
-from servekeeper.testing.harness import HELLO_APP, Load, Servekeeper, free_port, wait_until
+from servekeeper.testing.harness import HELLO_APP, Servekeeper, free_port, wait_until
+from servekeeper.testing.load import Load
 from tests.fleet import Fleet
 
 pytestmark = [pytest.mark.multihost, pytest.mark.ray, pytest.mark.timeout(600)]

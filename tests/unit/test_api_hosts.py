@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from servekeeper.api.app import build_app
 from servekeeper.client.sdk import AsyncClient, Client, Conflict, ServiceNotFound, SpecInvalid
-from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterPorts, ClusterRecord, ClusterRole, NodePlacement, NodePorts
 from servekeeper.store.store import Store
 from tests.unit.test_client import TOKEN, URL, FakeController, through

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterRole, NodePlacement
 from servekeeper.providers.cluster_token import save_cluster_token, token_dir
 from servekeeper.rayapi.jobs import NoSuchCluster, env_lines, pool_access, submit_job

@@ -19,7 +19,7 @@ import h11
 import pytest
 
 from servekeeper.providers.ports import PortAllocator
-from servekeeper.testing.harness import Load, LoadResult
+from servekeeper.testing.load import Load, LoadResult
 
 
 @dataclass

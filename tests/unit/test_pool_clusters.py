@@ -16,8 +16,8 @@ import pytest
 
 from servekeeper.api.hosts import usage
 from servekeeper.controller.loop import Controller
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import parse_host_pool
-from servekeeper.model.spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterRecord, ClusterRole, NodePlacement
 from servekeeper.providers.cluster_token import read_cluster_token
 from servekeeper.providers.pool import PoolClusters

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, place
-from servekeeper.model.spec import RayClusterConfigSpec, SpecError, parse_spec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.spec import SpecError, parse_spec
 
 GIB = 2**30
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from servekeeper.dataplane import Endpoint
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import parse_host_pool
-from servekeeper.model.spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterRecord, ClusterRole
 from servekeeper.providers.base import (
     ClusterProvider,

@@ -20,7 +20,8 @@ from servekeeper.controller.submit import ConfigSubmissions, StopTick, TickOutco
 from servekeeper.core import actions as act
 from servekeeper.core.serve_config import package_hash_of
 from servekeeper.dataplane import Backend, DataPlaneError, ServiceRoute
-from servekeeper.model.spec import RayClusterConfigSpec, ServiceSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.spec import ServiceSpec
 from servekeeper.model.status import ClusterPorts, ClusterRecord, ClusterRole, Event, ServiceRecord
 from servekeeper.providers.base import ClusterProvider, ProviderError, RetryableProviderError
 from servekeeper.rayapi.serve_api import ServeClient

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -22,7 +23,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from servekeeper.dataplane.model import BackendStats, DataPlaneError, RouteObservation
-from servekeeper.model.status import ConditionType, Event, Observation, ServiceRecord
+from servekeeper.model.status import ConditionType, Event, IngressRouteObservation, Observation, ServiceRecord
 from servekeeper.store.store import Store
 
 logger = logging.getLogger(__name__)
@@ -153,76 +154,117 @@ class StateCollector(Collector):
         self.backend_stats = backend_stats
 
     def collect(self) -> Iterator[Metric]:
-        condition = GaugeMetricFamily(
-            "servekeeper_service_condition", "1 if the condition is True, else 0.", labels=["service", "type"]
-        )
-        generation = GaugeMetricFamily(
-            "servekeeper_service_generation", "The latest applied generation.", labels=["service"]
-        )
-        observed = GaugeMetricFamily(
-            "servekeeper_service_observed_generation",
-            "The generation rolled out (or failed) last.",
-            labels=["service"],
-        )
-        traffic = GaugeMetricFamily(
-            "servekeeper_cluster_traffic_ratio",
-            "Share of the service's traffic the ingress sends to the cluster (0 to 1), as every Envoy acknowledged.",
-            labels=["service", "cluster", "role"],
-        )
-        inflight = GaugeMetricFamily(
-            "servekeeper_cluster_inflight_requests",
-            "Requests and open streams in flight through the ingress to the cluster.",
-            labels=["service", "cluster"],
-        )
-        requests = CounterMetricFamily(
-            "servekeeper_ingress_requests",
-            "Requests the ingress sent to the cluster, by answer class (summed over the Envoy processes; "
-            "a restarted process starts again at 0).",
-            labels=["service", "cluster", "code_class"],
-        )
-        latency = HistogramMetricFamily(
-            "servekeeper_ingress_request_duration_seconds",
-            "Upstream request time seen by the ingress, per cluster (Envoy's upstream_rq_time).",
-            labels=["service", "cluster"],
-        )
-        dataplane_up = GaugeMetricFamily(
-            "servekeeper_dataplane_stats_up", "1 if every Envoy process answered the stats read of this scrape."
-        )
-        dataplane_up.add_metric([], 0 if self.backend_stats is None or self.routes is None else 1)
-        stats = self.backend_stats or {}
+        families = _StateFamilies.create()
+        families.dataplane_up.add_metric([], 0 if self.backend_stats is None or self.routes is None else 1)
         for service in self.store.list_services():
             name = service.name
             for condition_type in ConditionType:
                 found = service.condition(condition_type)
                 if found is not None:
-                    condition.add_metric([name, condition_type.value], 1 if found.status else 0)
-            generation.add_metric([name], service.generation)
-            observed.add_metric([name], service.observed_generation)
-            # The ingress read now; when it cannot be read, the controller's last look at it.
-            snapshot = self.observation(name)
-            routed = snapshot.route if snapshot is not None else None
-            weights: dict[str, float] = {}
-            if self.routes is not None:
-                route = self.routes.get(name)
-                total = sum(route.weights.values()) if route is not None else 0
-                weights = {b: w / total for b, w in route.weights.items()} if route is not None and total else {}
-            elif routed is not None and routed.active is not None:
-                weights = {routed.active: 1.0}
-            for cluster in self.store.list_clusters(name):
-                traffic.add_metric([name, cluster.name, cluster.role.value], weights.get(cluster.name, 0.0))
-                backend = stats.get(cluster.name)
-                if backend is not None:
-                    inflight.add_metric([name, cluster.name], backend.rq_active)
-                    classes = {"2xx": backend.rq_2xx, "4xx": backend.rq_4xx, "5xx": backend.rq_5xx}
-                    for code_class, count in classes.items():
-                        requests.add_metric([name, cluster.name, code_class], count)
-                    buckets = _seconds_buckets(backend.latency_ms_buckets)
-                    if buckets:
-                        latency.add_metric([name, cluster.name], buckets, sum_value=None)
-                elif routed is not None and cluster.name in routed.inflight:
-                    # No fresh stats this scrape: the controller's last look at the ingress.
-                    inflight.add_metric([name, cluster.name], routed.inflight[cluster.name])
-        yield from (condition, generation, observed, traffic, inflight, requests, latency, dataplane_up)
+                    families.condition.add_metric([name, condition_type.value], 1 if found.status else 0)
+            families.generation.add_metric([name], service.generation)
+            families.observed.add_metric([name], service.observed_generation)
+            self._add_clusters(families, name)
+        yield from families.all()
+
+    def _add_clusters(self, families: _StateFamilies, name: str) -> None:
+        """Each cluster's traffic share, and its ingress counters: read now, or when they cannot
+        be read, the controller's last look at the ingress."""
+        snapshot = self.observation(name)
+        routed = snapshot.route if snapshot is not None else None
+        stats = self.backend_stats or {}
+        weights = self._traffic_shares(name, routed)
+        for cluster in self.store.list_clusters(name):
+            families.traffic.add_metric([name, cluster.name, cluster.role.value], weights.get(cluster.name, 0.0))
+            backend = stats.get(cluster.name)
+            if backend is not None:
+                families.inflight.add_metric([name, cluster.name], backend.rq_active)
+                classes = {"2xx": backend.rq_2xx, "4xx": backend.rq_4xx, "5xx": backend.rq_5xx}
+                for code_class, count in classes.items():
+                    families.requests.add_metric([name, cluster.name, code_class], count)
+                buckets = _seconds_buckets(backend.latency_ms_buckets)
+                if buckets:
+                    families.latency.add_metric([name, cluster.name], buckets, sum_value=None)
+            elif routed is not None and cluster.name in routed.inflight:
+                # No fresh stats this scrape: the controller's last look at the ingress.
+                families.inflight.add_metric([name, cluster.name], routed.inflight[cluster.name])
+
+    def _traffic_shares(self, name: str, routed: IngressRouteObservation | None) -> dict[str, float]:
+        """Cluster -> share of the service's traffic (0 to 1), as every Envoy acknowledged it."""
+        if self.routes is not None:
+            route = self.routes.get(name)
+            total = sum(route.weights.values()) if route is not None else 0
+            return {b: w / total for b, w in route.weights.items()} if route is not None and total else {}
+        if routed is not None and routed.active is not None:
+            return {routed.active: 1.0}
+        return {}
+
+
+@dataclass(frozen=True)
+class _StateFamilies:
+    """The metric families of one scrape of the current state, filled service by service."""
+
+    condition: GaugeMetricFamily
+    generation: GaugeMetricFamily
+    observed: GaugeMetricFamily
+    traffic: GaugeMetricFamily
+    inflight: GaugeMetricFamily
+    requests: CounterMetricFamily
+    latency: HistogramMetricFamily
+    dataplane_up: GaugeMetricFamily
+
+    @classmethod
+    def create(cls) -> _StateFamilies:
+        return cls(
+            condition=GaugeMetricFamily(
+                "servekeeper_service_condition", "1 if the condition is True, else 0.", labels=["service", "type"]
+            ),
+            generation=GaugeMetricFamily(
+                "servekeeper_service_generation", "The latest applied generation.", labels=["service"]
+            ),
+            observed=GaugeMetricFamily(
+                "servekeeper_service_observed_generation",
+                "The generation rolled out (or failed) last.",
+                labels=["service"],
+            ),
+            traffic=GaugeMetricFamily(
+                "servekeeper_cluster_traffic_ratio",
+                "Share of the service's traffic the ingress sends to the cluster (0 to 1), as every Envoy "
+                "acknowledged.",
+                labels=["service", "cluster", "role"],
+            ),
+            inflight=GaugeMetricFamily(
+                "servekeeper_cluster_inflight_requests",
+                "Requests and open streams in flight through the ingress to the cluster.",
+                labels=["service", "cluster"],
+            ),
+            requests=CounterMetricFamily(
+                "servekeeper_ingress_requests",
+                "Requests the ingress sent to the cluster, by answer class (summed over the Envoy processes; "
+                "a restarted process starts again at 0).",
+                labels=["service", "cluster", "code_class"],
+            ),
+            latency=HistogramMetricFamily(
+                "servekeeper_ingress_request_duration_seconds",
+                "Upstream request time seen by the ingress, per cluster (Envoy's upstream_rq_time).",
+                labels=["service", "cluster"],
+            ),
+            dataplane_up=GaugeMetricFamily(
+                "servekeeper_dataplane_stats_up", "1 if every Envoy process answered the stats read of this scrape."
+            ),
+        )
+
+    def all(self) -> tuple[Metric, ...]:
+        return (
+            self.condition,
+            self.generation,
+            self.observed,
+            self.traffic,
+            self.inflight,
+            self.requests,
+            self.latency,
+            self.dataplane_up,
+        )
 
 
 def _seconds_buckets(cumulative_ms: Mapping[float, int]) -> list[tuple[str, float]]:

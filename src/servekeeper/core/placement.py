@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servekeeper.model.spec import RayClusterConfigSpec, ServiceSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.spec import ServiceSpec
 from servekeeper.model.status import ClusterRecord, NodePlacement
 
 

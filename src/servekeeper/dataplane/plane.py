@@ -3,8 +3,10 @@
 A route change is pushed make-before-break, stage by stage, and each stage waits until every
 process acknowledges it (its /config_dump reports the version written): clusters (old and new
 side by side, all active, none warming), then route files and listeners, then the clusters no
-route references any more are dropped. Desired routes are written to disk before anything is
-pushed, so a later DataPlane (after a crash of the daemon) re-derives and finishes the push.
+route references any more are dropped (push.py). Desired routes are written to disk before anything
+is pushed, so a later DataPlane (after a crash of the daemon) re-derives and finishes the push.
+This module keeps the processes: starts or adopts them, restarts the dead with backoff, replaces
+a hung one, and re-syncs one that fell behind its files.
 """
 
 from __future__ import annotations
@@ -21,15 +23,8 @@ from typing import TypeVar
 import aiohttp
 
 from servekeeper.dataplane.admin import AdminClient, ProcessConfig
-from servekeeper.dataplane.model import (
-    BackendStats,
-    DataPlaneError,
-    RouteObservation,
-    ServiceRoute,
-    route_from_json,
-    route_to_json,
-)
-from servekeeper.dataplane.observe import observe_routes, sum_backend_stats, version_acknowledged
+from servekeeper.dataplane.model import BackendStats, DataPlaneError, RouteObservation, ServiceRoute
+from servekeeper.dataplane.observe import observe_routes, sum_backend_stats
 from servekeeper.dataplane.process import (
     EnvoyProcess,
     ProcessInfo,
@@ -40,14 +35,8 @@ from servekeeper.dataplane.process import (
     terminate,
     write_atomically,
 )
-from servekeeper.dataplane.render import (
-    listener_name,
-    render_bootstrap,
-    render_clusters,
-    render_listeners,
-    render_route_configs,
-    union_clusters,
-)
+from servekeeper.dataplane.push import ConfigPusher
+from servekeeper.dataplane.render import render_bootstrap
 from servekeeper.dataplane.supervision import Backoff
 from servekeeper.dataplane.xds import XdsFiles
 from servekeeper.providers.ports import PortAllocator, port_is_free
@@ -75,14 +64,12 @@ class DataPlane:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._binary = find_envoy_binary(envoy_binary)
         self._count = processes
-        self._ack_timeout_s = ack_timeout_s
         self._log_level = log_level
         self._files = {i: XdsFiles(self.dir / f"envoy-{i}") for i in range(processes)}
+        self._pusher = ConfigPusher(self.dir, self._files, self._read_config, ack_timeout_s)
         self._processes: dict[int, EnvoyProcess] = {}
         self._backoff = {i: Backoff() for i in range(processes)}
         self._answered_at: dict[int, float] = {}  # process index -> when its admin last answered
-        self._routes: dict[str, ServiceRoute] = {}
-        self._version = 0
         self._lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
 
@@ -97,7 +84,7 @@ class DataPlane:
         """Adopt the processes recorded in the state dir that still run, start the missing ones, and
         bring every one to the desired routes (finishing a push a crash may have cut short)."""
         async with self._lock:
-            self._load_desired()
+            self._pusher.load_desired()
             for record in load_records(self._records_path):
                 if record.index < self._count and record.alive():
                     self._processes[record.index] = record
@@ -108,24 +95,25 @@ class DataPlane:
                 if index not in self._processes:
                     self._start(index)
             await self._wait_ready(list(self._processes.values()))
-            await self._push(self._routes)
+            await self._pusher.push(self._pusher.routes)
 
     async def set_route(self, route: ServiceRoute) -> None:
         """Returns once every process has the new route; raises DataPlaneError otherwise."""
         async with self._lock:
-            previous = self._routes.get(route.service)
+            previous = self._pusher.routes.get(route.service)
             if previous is None or previous.port != route.port:
                 self._check_port_free(route.port, route.service)
             if route.grpc_port is not None and (previous is None or previous.grpc_port != route.grpc_port):
                 self._check_port_free(route.grpc_port, route.service)
             if route.preview_port is not None and (previous is None or previous.preview_port != route.preview_port):
                 self._check_port_free(route.preview_port, route.service)
-            await self._push({**self._routes, route.service: route})
+            await self._pusher.push({**self._pusher.routes, route.service: route})
 
     async def remove_route(self, service: str) -> None:
         async with self._lock:
-            if service in self._routes:
-                await self._push({name: r for name, r in self._routes.items() if name != service})
+            routes = self._pusher.routes
+            if service in routes:
+                await self._pusher.push({name: r for name, r in routes.items() if name != service})
 
     async def routes(self) -> dict[str, RouteObservation]:
         """Per service, the weights every process acknowledged and each backend's in-flight count
@@ -183,12 +171,11 @@ class DataPlane:
 
     def forget_routes(self) -> None:
         """Drop every stored route (`servekeeper down`): the next start serves no stale route."""
-        self._routes = {}
-        (self.dir / "desired.json").unlink(missing_ok=True)
+        self._pusher.forget()
 
     def desired_route(self, service: str) -> ServiceRoute | None:
         """The route last asked for (acknowledged or not): to see whether a spec changed it."""
-        return self._routes.get(service)
+        return self._pusher.routes.get(service)
 
     async def close(self) -> None:
         """Let go of the processes without stopping them (the daemon exits, Envoy serves on)."""
@@ -211,9 +198,9 @@ class DataPlane:
         files = self._files[index]
         if not files.initialised():
             # A new process starts straight on the desired routes: its files are complete before it reads them.
-            self._write_final(index, self._routes)
+            self._pusher.write_final(index, self._pusher.routes)
         taken = [p.admin_port for p in self._processes.values()]
-        taken += [port for r in self._routes.values() for port in r.listener_ports()]
+        taken += [port for r in self._pusher.routes.values() for port in r.listener_ports()]
         admin_port = PortAllocator(taken).one()
         write_atomically(files.bootstrap, json.dumps(render_bootstrap(f"envoy-{index}", admin_port, files.dir)))
         process = spawn(
@@ -266,138 +253,17 @@ class DataPlane:
         admin = self._admin()
         return list(await asyncio.gather(*(read(admin, p.admin_port) for p in self._processes.values())))
 
+    async def _read_config(self, index: int) -> ProcessConfig:
+        process = self._processes.get(index)
+        if process is None:
+            raise DataPlaneError("not running")
+        return await self._admin().config(process.admin_port)
+
     def _check_port_free(self, port: int, service: str) -> None:
-        if any(port in r.listener_ports() for r in self._routes.values()) or not port_is_free(port):
+        if any(port in r.listener_ports() for r in self._pusher.routes.values()) or not port_is_free(port):
             raise DataPlaneError(f"service {service}: port {port} is already in use")
 
-    # -- pushing --------------------------------------------------------------------------------
-
-    def _next_version(self) -> str:
-        self._version += 1
-        return str(self._version)
-
-    def _load_desired(self) -> None:
-        try:
-            data = json.loads((self.dir / "desired.json").read_text())
-        except FileNotFoundError:
-            data = {"version": 0, "routes": []}
-        except ValueError as exc:
-            raise DataPlaneError(f"unreadable {self.dir / 'desired.json'}: {exc!r}") from exc
-        self._routes = {route.service: route for route in map(route_from_json, data["routes"])}
-        # Versions never repeat, even if the record of the last one was lost with a crash.
-        self._version = max([int(data["version"])] + [files.max_version() for files in self._files.values()])
-
-    def _save_desired(self, routes: dict[str, ServiceRoute]) -> None:
-        payload = {"version": self._version, "routes": [route_to_json(r) for r in routes.values()]}
-        write_atomically(self.dir / "desired.json", json.dumps(payload, indent=1))
-
-    def _write_final(self, index: int, routes: dict[str, ServiceRoute], applied: ProcessConfig | None = None) -> None:
-        """The desired routes straight into a process's files, for a process that has not started
-        yet or whose state is unknown. With `applied`, each file keeps the version the process
-        reports: Envoy leaves its version alone on an update that changes nothing, so a fresh
-        version would make a process that already has the right config look behind forever,
-        while the reported one converges either way (applied, or already there)."""
-        files = self._files[index]
-        applied = applied or ProcessConfig()
-        for name, config in render_route_configs(routes.values()).items():
-            version = applied.route_versions.get(name) or self._next_version()
-            XdsFiles.write(files.route_path(name), version, {name: config}, force=True)
-        clusters = render_clusters(routes.values())
-        XdsFiles.write(files.cds, applied.cds_version or self._next_version(), clusters, force=True)
-        listeners = render_listeners(routes.values(), files.dir)
-        XdsFiles.write(files.lds, applied.lds_version or self._next_version(), listeners, force=True)
-
-    async def _push(self, routes: dict[str, ServiceRoute]) -> None:
-        """Make before break, each stage acknowledged by every process before the next one."""
-        targets = sorted(self._files)
-        self._save_desired(routes)  # intent first: a crash from here on is finished by the next DataPlane
-        self._routes = dict(routes)
-        final_clusters = render_clusters(routes.values())
-        route_configs = render_route_configs(routes.values())
-
-        # 1. Clusters: the new ones beside the ones the current routes use; all active, none warming.
-        expected: dict[int, tuple[str, set[str]]] = {}
-        for i in targets:
-            current = XdsFiles.read(self._files[i].cds)[1]
-            union = union_clusters(current, final_clusters)
-            expected[i] = (XdsFiles.write(self._files[i].cds, self._next_version(), union), set(union))
-        await self._wait(
-            targets,
-            "clusters",
-            lambda i, c: (
-                version_acknowledged(c.cds_version, expected[i][0], expected[i][1])
-                and expected[i][1] <= c.active_clusters
-                and not (expected[i][1] & c.warming_clusters)
-            ),
-        )
-
-        # 2. Route files (weights move here), then listeners (a new service's listener reads its
-        #    route file as it warms; an unchanged listener is left alone, connections and all).
-        route_versions: dict[int, dict[str, str]] = {}
-        lds_versions: dict[int, str] = {}
-        for i in targets:
-            files = self._files[i]
-            route_versions[i] = {
-                name: XdsFiles.write(files.route_path(name), self._next_version(), {name: config})
-                for name, config in route_configs.items()
-            }
-            lds_versions[i] = XdsFiles.write(
-                files.lds, self._next_version(), render_listeners(routes.values(), files.dir)
-            )
-        listeners = {listener_name(*name.split("-", 1)) for name in route_configs}
-        await self._wait(
-            targets,
-            "routes and listeners",
-            lambda i, c: (
-                version_acknowledged(c.lds_version, lds_versions[i], listeners)
-                and listeners == c.active_listeners
-                and all(c.route_versions.get(name) == version for name, version in route_versions[i].items())
-            ),
-        )
-
-        # 3. Break: drop the clusters no route references any more.
-        final_versions = {i: XdsFiles.write(self._files[i].cds, self._next_version(), final_clusters) for i in targets}
-        await self._wait(
-            targets,
-            "cluster removal",
-            lambda i, c: (
-                version_acknowledged(c.cds_version, final_versions[i], final_clusters)
-                and c.active_clusters == set(final_clusters)
-            ),
-        )
-        for i in targets:
-            for name in set(self._files[i].route_names()) - set(route_configs):
-                self._files[i].route_path(name).unlink(missing_ok=True)
-        self._save_desired(routes)
-
-    async def _wait(self, targets: list[int], stage: str, acknowledged: Callable[[int, ProcessConfig], bool]) -> None:
-        admin = self._admin()
-        deadline = time.monotonic() + self._ack_timeout_s
-        pending = set(targets)
-        last: dict[int, str] = {}
-        while True:
-            for i in sorted(pending):
-                process = self._processes.get(i)
-                if process is None:
-                    last[i] = "not running"
-                    continue
-                try:
-                    config = await admin.config(process.admin_port)
-                except DataPlaneError as exc:
-                    last[i] = str(exc)
-                    continue
-                if acknowledged(i, config):
-                    pending.discard(i)
-                else:
-                    last[i] = f"applied {config}"
-            if not pending:
-                return
-            if time.monotonic() >= deadline:
-                raise DataPlaneError(
-                    f"{stage}: Envoy processes {sorted(pending)} did not acknowledge within {self._ack_timeout_s:g}s "
-                    f"(see {self.dir}/envoy-N.log); last seen: {[last.get(i) for i in sorted(pending)]}"
-                )
-            await asyncio.sleep(0.02)
+    # -- keeping processes in step -------------------------------------------------------------
 
     async def _resync_behind(self) -> None:
         """A process whose applied versions differ from its files (it rejected or missed a reload)
@@ -419,20 +285,6 @@ class DataPlane:
                         await asyncio.to_thread(terminate, [process], 2.0)
                     continue
                 self._answered_at[i] = time.monotonic()
-                if not self._in_step(i, config):
+                if not self._pusher.in_step(i, config):
                     logger.warning("[dataplane] envoy-%d is behind its files; writing the desired routes again", i)
-                    self._write_final(i, self._routes, config)
-
-    def _in_step(self, index: int, config: ProcessConfig) -> bool:
-        files = self._files[index]
-        cds_version, clusters = XdsFiles.read(files.cds)
-        lds_version, listeners = XdsFiles.read(files.lds)
-        if not version_acknowledged(config.cds_version, cds_version, clusters) or config.active_clusters != set(
-            clusters
-        ):
-            return False
-        if not version_acknowledged(config.lds_version, lds_version, listeners) or config.active_listeners != set(
-            listeners
-        ):
-            return False
-        return all(config.route_versions.get(n) == XdsFiles.read(files.route_path(n))[0] for n in files.route_names())
+                    self._pusher.write_final(i, self._pusher.routes, config)

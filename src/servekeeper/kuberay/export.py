@@ -14,17 +14,11 @@ from typing import Any
 
 import yaml
 
+from servekeeper.kuberay.fields import EXTENSIONS_ANNOTATION, INITIALIZING_TIMEOUT_ANNOTATION
 from servekeeper.kuberay.notes import SecretRef
 from servekeeper.kuberay.quantity import format_duration, format_memory
-from servekeeper.kuberay.translate import EXTENSIONS_ANNOTATION, INITIALIZING_TIMEOUT_ANNOTATION
-from servekeeper.model.spec import (
-    HeadGroupSpec,
-    IngressSpec,
-    ReadinessSpec,
-    ServiceSpec,
-    ServiceSpecBody,
-    StartParamValue,
-)
+from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, StartParamValue
+from servekeeper.model.spec import IngressSpec, ReadinessSpec, ServiceSpec, ServiceSpecBody
 
 RAY_IMAGE = "rayproject/ray"
 
@@ -34,9 +28,36 @@ def export_manifest(
 ) -> tuple[dict[str, Any], list[str]]:
     """The manifest, and the lines of the comment block (what has no KubeRay equivalent)."""
     body = spec.spec
-    config = body.rayClusterConfig
     comments: list[str] = []
-    serve_config = spec.spec.serveConfig.model_dump(mode="json", exclude_none=False)
+    serve_config = _serve_config(body, comments)
+    extensions = _extensions(body)
+    comments += _differences(body, extensions)
+    annotations = {INITIALIZING_TIMEOUT_ANNOTATION: format_duration(body.readinessTimeoutSeconds)}
+    if extensions:
+        annotations[EXTENSIONS_ANNOTATION] = json.dumps(extensions, sort_keys=True, separators=(",", ":"))
+    cluster = _cluster_config(body.rayClusterConfig, ray_version, secret_refs)
+    manifest_spec: dict[str, Any] = {
+        "upgradeStrategy": _upgrade_strategy(body, comments),
+        "serveConfigV2": yaml.safe_dump(serve_config, sort_keys=False),
+        "rayClusterConfig": cluster,
+    }
+    delay = body.rayClusterDeletionDelaySeconds
+    if delay == int(delay):
+        manifest_spec["rayClusterDeletionDelaySeconds"] = int(delay)
+    manifest = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": spec.name, "annotations": annotations},
+        "spec": manifest_spec,
+    }
+    return manifest, comments
+
+
+def _serve_config(body: ServiceSpecBody, comments: list[str]) -> dict[str, Any]:
+    """serveConfigV2 with the ingress port as Serve's port and the cluster's working dir in
+    each app's runtime_env (KubeRay has no cluster-wide one)."""
+    config = body.rayClusterConfig
+    serve_config = body.serveConfig.model_dump(mode="json", exclude_none=False)
     if serve_config.get("http_options") is None:
         serve_config.pop("http_options", None)
     serve_config["http_options"] = {**(serve_config.get("http_options") or {}), "port": body.ingress.port}
@@ -51,7 +72,12 @@ def export_manifest(
                 "uploads; on Kubernetes it must become a remote URI (an https:// zip, s3://, gs://) that the pods "
                 "can fetch: replace it before applying this manifest."
             )
-    extensions = _extensions(body)
+    return serve_config
+
+
+def _differences(body: ServiceSpecBody, extensions: dict[str, Any]) -> list[str]:
+    """The comment lines for servekeeper settings KubeRay would not honour."""
+    comments: list[str] = []
     if body.readiness.probes:
         comments.append(
             "readiness probes (spec.readiness.probes): KubeRay has none; traffic there moves once every "
@@ -63,7 +89,7 @@ def export_manifest(
         comments.append("serveConfigUpdate: NewCluster: KubeRay applies a Serve-config-only change in place.")
     if body.ingress != IngressSpec(port=body.ingress.port):
         comments.append("ingress options (grpcPort, request size and timeouts): set them on your Kubernetes ingress.")
-    if config.excludes:
+    if body.rayClusterConfig.excludes:
         comments.append("rayClusterConfig.excludes: applies to servekeeper's code package only.")
     comments.append(
         "servekeeper drains the old cluster by in-flight requests; KubeRay deletes it after "
@@ -74,9 +100,10 @@ def export_manifest(
             f"The {EXTENSIONS_ANNOTATION} annotation keeps these servekeeper settings for a round trip; "
             "KubeRay ignores it."
         )
-    annotations = {INITIALIZING_TIMEOUT_ANNOTATION: format_duration(body.readinessTimeoutSeconds)}
-    if extensions:
-        annotations[EXTENSIONS_ANNOTATION] = json.dumps(extensions, sort_keys=True, separators=(",", ":"))
+    return comments
+
+
+def _cluster_config(config: RayClusterConfigSpec, ray_version: str, secret_refs: Sequence[SecretRef]) -> dict[str, Any]:
     cluster: dict[str, Any] = {
         "rayVersion": ray_version,
         "headGroupSpec": {
@@ -96,21 +123,7 @@ def export_manifest(
             }
             for group in config.workerGroups
         ]
-    manifest_spec: dict[str, Any] = {
-        "upgradeStrategy": _upgrade_strategy(body, comments),
-        "serveConfigV2": yaml.safe_dump(serve_config, sort_keys=False),
-        "rayClusterConfig": cluster,
-    }
-    delay = body.rayClusterDeletionDelaySeconds
-    if delay == int(delay):
-        manifest_spec["rayClusterDeletionDelaySeconds"] = int(delay)
-    manifest = {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayService",
-        "metadata": {"name": spec.name, "annotations": annotations},
-        "spec": manifest_spec,
-    }
-    return manifest, comments
+    return cluster
 
 
 def render_manifest(manifest: dict[str, Any], comments: list[str]) -> str:

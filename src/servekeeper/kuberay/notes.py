@@ -1,9 +1,10 @@
-"""Pure: what an import of a KubeRay manifest tells the user about fields that do not apply here."""
+"""Pure: what an import of a KubeRay manifest tells the user about fields that do not apply here,
+and the findings every part of the translation reports into."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -47,3 +48,19 @@ class SecretRef:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SecretRef:
         return cls(group=str(data["group"]), env=str(data["env"]), secret=str(data["secret"]), key=str(data["key"]))
+
+
+@dataclass
+class Findings:
+    """What the parts of one import found: refusals (raised together as one SpecError), notes,
+    and the env values that came from secrets."""
+
+    problems: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+    secret_refs: list[SecretRef] = field(default_factory=list)
+
+    def refuse(self, path: str, message: str) -> None:
+        self.problems.append(f"{path}: {message}")
+
+    def note(self, kind: NoteKind, path: str, message: str) -> None:
+        self.notes.append(Note(kind, path, message))

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from servekeeper.model.spec import DNS_LABEL, MAX_SPEC_BYTES, Metadata, SpecError, format_errors
+from servekeeper.model.base import DNS_LABEL, StrictModel
+from servekeeper.model.spec import MAX_SPEC_BYTES, Metadata, SpecError, format_errors
 
 HOST_POOL_KIND = "HostPool"
 # RFC 1123 host names: dot-separated labels of letters, digits and '-'.
@@ -38,10 +39,6 @@ POSIX_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 # A unix socket path is limited to 107 bytes and Ray nests its sockets a few levels under the
 # node's temp dir, which lives under workDir: keep the root short.
 MAX_WORK_DIR_LENGTH = 40
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _controller_path(value: str) -> str:
@@ -58,7 +55,7 @@ def _host_path(value: str) -> str:
     return value
 
 
-class SshSpec(_Strict):
+class SshSpec(StrictModel):
     user: str
     port: int = Field(default=22, ge=1, le=65535)
     identityFile: str
@@ -81,13 +78,13 @@ class SshSpec(_Strict):
         return Path(self.knownHostsFile).expanduser()
 
 
-class HostResources(_Strict):
+class HostResources(StrictModel):
     cpus: float = Field(gt=0, le=4096)
     gpus: float = Field(default=0, ge=0, le=1024)
     memoryGiB: float = Field(gt=0, le=65536)
 
 
-class HostSpec(_Strict):
+class HostSpec(StrictModel):
     name: str
     address: str
     ssh: SshSpec
@@ -125,7 +122,7 @@ class HostSpec(_Strict):
         return work_dir.rstrip("/") or "/"
 
 
-class HostPoolBody(_Strict):
+class HostPoolBody(StrictModel):
     hosts: list[HostSpec] = Field(min_length=1, max_length=1000)
 
     @model_validator(mode="after")
@@ -143,7 +140,7 @@ class HostPoolBody(_Strict):
         return self
 
 
-class HostPoolSpec(_Strict):
+class HostPoolSpec(StrictModel):
     apiVersion: Literal["servekeeper/v1alpha1"]
     kind: Literal["HostPool"]
     metadata: Metadata

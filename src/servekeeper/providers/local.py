@@ -25,7 +25,7 @@ import psutil
 
 from servekeeper.controller.hooks import Hooks
 from servekeeper.dataplane import Endpoint
-from servekeeper.model.spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
+from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
 from servekeeper.model.status import ClusterRecord
 from servekeeper.providers.base import ClusterRecords, Liveness, ProviderError, RecordChanges
 from servekeeper.providers.ports import PortAllocator

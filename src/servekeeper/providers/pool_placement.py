@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 
 from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, nodes_taking_room, place
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import HostPoolSpec
-from servekeeper.model.spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterPorts, ClusterRecord, NodePlacement
 from servekeeper.providers.base import PermanentProviderError, RetryableProviderError
 from servekeeper.providers.node_argv import cluster_dir

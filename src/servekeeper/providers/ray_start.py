@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from servekeeper.model.spec import HeadGroupSpec
+from servekeeper.model.cluster_spec import HeadGroupSpec
 from servekeeper.model.status import NodePorts
 
 

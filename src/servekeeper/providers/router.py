@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servekeeper.dataplane import Endpoint
-from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterRecord
 from servekeeper.providers.base import ClusterProvider, ClusterRecords, Liveness, RecordChanges
 

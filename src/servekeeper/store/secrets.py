@@ -10,7 +10,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from servekeeper.model.spec import DNS_LABEL
+from servekeeper.model.base import DNS_LABEL
 
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")  # Kubernetes' secret key rule
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from servekeeper.core import canary_steps
-from servekeeper.model.spec import RayClusterConfigSpec, ServiceSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.spec import ServiceSpec
 from servekeeper.model.status import CanaryState, ClusterRecord, ClusterRole, Event, Observation, ServiceRecord
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from servekeeper.core.actions import DeleteCluster, RestartWorkers, StartCluster
 from servekeeper.core.planner.context import PlanContext
-from servekeeper.model.spec import RayClusterConfigSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterRecord, ClusterRole, NodePlacement
 
 # A worker node whose process exited is started again at most this many times over its

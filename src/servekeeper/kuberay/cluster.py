@@ -1,0 +1,341 @@
+"""Pure: a RayService's `spec.rayClusterConfig` -> servekeeper's rayClusterConfig: the head and
+worker groups, their env (secrets resolved), resources and rayStartParams, the Ray version they
+ask for, and the local working_dir the Serve config names (servekeeper packages it)."""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from servekeeper.kuberay.fields import (
+    CONTAINER_FIELD_REASONS,
+    IGNORED_CLUSTER_FIELDS,
+    IGNORED_HEAD_FIELDS,
+    IGNORED_WORKER_FIELDS,
+    POD_FIELD_REASONS,
+    RAY_VERSION_PATTERN,
+    REFUSED_CLUSTER_FIELDS,
+    as_list,
+    as_mapping,
+)
+from servekeeper.kuberay.notes import Findings, NoteKind, SecretRef
+from servekeeper.kuberay.quantity import QuantityError, parse_quantity, quantity_value
+from servekeeper.model.cluster_spec import OWNED_START_PARAMS
+
+
+def is_gpu_resource(name: str) -> bool:
+    """KubeRay's IsGPUResourceKey: 'nvidia.com/gpu', 'amd.com/gpu', 'nvidia.com/mig-2g.32gb'."""
+    return name.endswith("gpu") or re.search(r"nvidia\.com/mig-\d+g\.\d+gb$", name) is not None
+
+
+class ClusterTranslation:
+    """Reports what it refuses or notes into the findings it shares with the rest of the import."""
+
+    def __init__(
+        self, findings: Findings, ray_version: str, secrets: Mapping[str, Mapping[str, str]], base_dir: str | None
+    ) -> None:
+        self.findings = findings
+        self.ray_version = ray_version
+        self.secrets = secrets
+        self.base_dir = base_dir
+
+    # -- rayClusterConfig ---------------------------------------------------------------
+
+    def translate(self, cluster: dict[str, Any], serve_config: dict[str, Any]) -> dict[str, Any]:
+        path = "spec.rayClusterConfig"
+        for key, reason in REFUSED_CLUSTER_FIELDS.items():
+            value = cluster.get(key)
+            if value is None or value is False:
+                continue
+            self.findings.refuse(f"{path}.{key}", reason)
+        for key, reason in IGNORED_CLUSTER_FIELDS.items():
+            if key in cluster:
+                self.findings.note(NoteKind.IGNORED, f"{path}.{key}", reason)
+        if cluster.get("suspend"):
+            self.findings.refuse(
+                f"{path}.suspend", "suspending is not available; remove it, or run: servekeeper delete NAME"
+            )
+        known = {"rayVersion", "headGroupSpec", "workerGroupSpecs", "suspend"}
+        known |= set(REFUSED_CLUSTER_FIELDS) | set(IGNORED_CLUSTER_FIELDS)
+        for key in sorted(set(cluster) - known):
+            self.findings.note(NoteKind.IGNORED, f"{path}.{key}", "not known to servekeeper")
+        if "rayVersion" in cluster:
+            self.check_version(f"{path}.rayVersion", str(cluster["rayVersion"]), "rayVersion")
+
+        config: dict[str, Any] = {}
+        working_dir = self.working_dir(serve_config)
+        if working_dir is not None:
+            config["workingDir"] = working_dir
+        head = as_mapping(cluster.get("headGroupSpec"))
+        if "headGroupSpec" not in cluster:
+            self.findings.refuse(f"{path}.headGroupSpec", "required")
+        config["head"] = self.group(f"{path}.headGroupSpec", "head", head, IGNORED_HEAD_FIELDS)
+        workers = []
+        for index, worker in enumerate(as_list(cluster.get("workerGroupSpecs"))):
+            worker_path = f"{path}.workerGroupSpecs[{index}]"
+            worker = as_mapping(worker)
+            name = worker.get("groupName")
+            group = self.group(worker_path, str(name), worker, IGNORED_WORKER_FIELDS)
+            group["name"] = name
+            group["replicas"] = self.worker_count(worker_path, worker)
+            workers.append(group)
+        if workers:
+            config["workerGroups"] = workers
+        return config
+
+    def check_version(self, path: str, text: str, what: str) -> None:
+        match = RAY_VERSION_PATTERN.match(text)
+        if match is None:
+            self.findings.note(NoteKind.IGNORED, path, f"{what} {text!r} names no Ray version; not checked")
+            return
+        if match.group(1) != self.ray_version:
+            self.findings.refuse(
+                path,
+                f"asks for Ray {match.group(1)}, but servekeeper runs Ray {self.ray_version} (one cluster, one Ray "
+                f"version): set it to {self.ray_version}, or run servekeeper with Ray {match.group(1)} installed",
+            )
+
+    def working_dir(self, serve_config: dict[str, Any]) -> str | None:
+        """Remote working_dir and py_modules URIs stay in the app's runtime_env (Ray fetches
+        them); a local working_dir becomes the cluster's workingDir, which servekeeper packages."""
+        local: set[str] = set()
+        for index, app in enumerate(as_list(serve_config.get("applications"))):
+            if not isinstance(app, dict) or not isinstance(app.get("runtime_env"), dict):
+                continue
+            path = f"spec.serveConfigV2.applications[{index}].runtime_env"
+            runtime_env = dict(app["runtime_env"])
+            directory = runtime_env.get("working_dir")
+            if isinstance(directory, str) and "://" not in directory:
+                resolved = self.local_path(f"{path}.working_dir", directory)
+                if resolved is not None:
+                    local.add(resolved)
+                    del runtime_env["working_dir"]
+            for module_index, module in enumerate(as_list(runtime_env.get("py_modules"))):
+                if isinstance(module, str) and "://" not in module:
+                    self.findings.refuse(
+                        f"{path}.py_modules[{module_index}]",
+                        "a local module is not packaged by servekeeper; put it inside the working_dir, or use a "
+                        "remote URI",
+                    )
+            if runtime_env:
+                app["runtime_env"] = runtime_env
+            else:
+                del app["runtime_env"]
+        if len(local) > 1:
+            self.findings.refuse(
+                "spec.serveConfigV2.applications",
+                f"local working_dir values differ ({sorted(local)}); servekeeper packages one per service: use one "
+                "folder, or remote URIs",
+            )
+        return next(iter(local)) if len(local) == 1 else None
+
+    def local_path(self, path: str, directory: str) -> str | None:
+        if posixpath.isabs(directory):
+            return posixpath.normpath(directory)
+        if self.base_dir is None:
+            self.findings.refuse(
+                path, f"the relative path {directory!r} needs the manifest's folder: apply the file with the CLI"
+            )
+            return None
+        return posixpath.normpath(posixpath.join(self.base_dir, directory))
+
+    def worker_count(self, path: str, worker: dict[str, Any]) -> Any:
+        replicas = worker.get("replicas")
+        minimum = worker.get("minReplicas")
+        if not all(isinstance(v, int) or v is None for v in (replicas, minimum)):
+            self.findings.refuse(f"{path}.replicas", "replicas and minReplicas must be integers")
+            return 0
+        count = max(replicas or 0, minimum or 0)
+        hosts = worker.get("numOfHosts")
+        if isinstance(hosts, int) and hosts > 1:
+            self.findings.note(
+                NoteKind.CHANGED, f"{path}.numOfHosts", f"{hosts} hosts per replica: {count * hosts} nodes"
+            )
+            count *= hosts
+        maximum = worker.get("maxReplicas")
+        if maximum is not None and maximum != count:
+            self.findings.note(
+                NoteKind.IGNORED, f"{path}.maxReplicas", f"no autoscaling on this provider: {count} node(s)"
+            )
+        if worker.get("suspend"):
+            self.findings.refuse(f"{path}.suspend", "suspending a worker group is not available; set replicas: 0")
+        return count
+
+    # -- groups -------------------------------------------------------------------------
+
+    def group(self, path: str, name: str, group: dict[str, Any], ignored: Mapping[str, str]) -> dict[str, Any]:
+        for key, reason in ignored.items():
+            if key in group:
+                self.findings.note(NoteKind.IGNORED, f"{path}.{key}", reason)
+        known = {"rayStartParams", "template", "resources", "groupName", "replicas", "minReplicas", "maxReplicas"}
+        known |= {"numOfHosts", "suspend", *ignored}
+        for key in sorted(set(group) - known):
+            self.findings.note(NoteKind.IGNORED, f"{path}.{key}", "not known to servekeeper")
+        template = as_mapping(group.get("template"))
+        if "metadata" in template:
+            self.findings.note(NoteKind.IGNORED, f"{path}.template.metadata", "pod labels and annotations do not apply")
+        pod = as_mapping(template.get("spec"))
+        for key in sorted(set(pod) - {"containers"}):
+            reason = POD_FIELD_REASONS.get(key, "a Kubernetes pod field: no effect on local processes")
+            self.findings.note(NoteKind.IGNORED, f"{path}.template.spec.{key}", reason)
+        containers = as_list(pod.get("containers"))
+        if not containers:
+            self.findings.refuse(f"{path}.template.spec.containers", "required: the Ray container is the first one")
+            container: dict[str, Any] = {}
+        else:
+            container = as_mapping(containers[0])
+        for index in range(1, len(containers)):
+            self.findings.note(
+                NoteKind.IGNORED, f"{path}.template.spec.containers[{index}]", "only the Ray container (the first) runs"
+            )
+        container_path = f"{path}.template.spec.containers[0]"
+        for key in sorted(set(container) - {"image", "resources", "env", "envFrom"}):
+            container_reason = CONTAINER_FIELD_REASONS.get(key, "a Kubernetes container field: no effect here")
+            if container_reason is not None:
+                self.findings.note(NoteKind.IGNORED, f"{container_path}.{key}", container_reason)
+        if "image" in container:
+            tag = str(container["image"]).rsplit("/", 1)[-1].partition("@")[0]
+            image_name, _, version = tag.partition(":")
+            self.check_version(f"{container_path}.image", version, f"image tag of {image_name}")
+        if "envFrom" in container:
+            self.findings.refuse(
+                f"{container_path}.envFrom", "list each variable under env (a literal value or a secretKeyRef)"
+            )
+        result: dict[str, Any] = {"env": self.env(f"{container_path}.env", name, container.get("env"))}
+        result.update(self.resources(path, group, as_mapping(container.get("resources"))))
+        return result
+
+    def env(self, path: str, group: str, entries: Any) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for index, entry in enumerate(as_list(entries)):
+            entry = as_mapping(entry)
+            name = str(entry.get("name"))
+            entry_path = f"{path}[{index}]"
+            if "valueFrom" not in entry:
+                env[name] = str(entry.get("value", ""))
+                continue
+            source = as_mapping(entry["valueFrom"])
+            ref = source.get("secretKeyRef")
+            if not isinstance(ref, dict):
+                kinds = ", ".join(sorted(source)) or "nothing"
+                self.findings.refuse(
+                    f"{entry_path}.valueFrom",
+                    f"{kinds} cannot be read here; use a literal value, or a secretKeyRef to a servekeeper secret",
+                )
+                continue
+            secret, key = str(ref.get("name")), str(ref.get("key"))
+            value = self.secrets.get(secret, {}).get(key)
+            if value is None:
+                if ref.get("optional"):
+                    self.findings.note(
+                        NoteKind.IGNORED,
+                        f"{entry_path}.valueFrom.secretKeyRef",
+                        f"optional secret {secret!r} key {key!r} does not exist: {name} is not set",
+                    )
+                    continue
+                self.findings.refuse(
+                    f"{entry_path}.valueFrom.secretKeyRef",
+                    f"secret {secret!r} with key {key!r} does not exist here; create it with: "
+                    f"servekeeper secret set {secret} {key}=VALUE",
+                )
+                continue
+            env[name] = value
+            self.findings.secret_refs.append(SecretRef(group=group, env=name, secret=secret, key=key))
+        return env
+
+    def resources(self, path: str, group: dict[str, Any], resources: dict[str, Any]) -> dict[str, Any]:
+        """num-cpus, memory and num-gpus the way KubeRay derives them (controllers/ray/common/pod.go):
+        the group's `resources` win, then rayStartParams, then the container's limits (for CPUs
+        the request when there is no limit), each rounded up to an integer like Quantity.Value().
+        A fraction of a CPU or GPU given as a Ray parameter is rounded up too (with a note):
+        `ray start` takes whole CPUs and GPUs, and would refuse it."""
+        params_path = f"{path}.rayStartParams"
+        params: dict[str, Any] = dict(as_mapping(group.get("rayStartParams")))
+        sources = {key: f"{params_path}.{key}" for key in params}  # where each parameter was set
+        for name, quantity in as_mapping(group.get("resources")).items():
+            key = str(name).lower()
+            target = (
+                "num-cpus"
+                if key == "cpu"
+                else "memory"
+                if key == "memory"
+                else "num-gpus"
+                if is_gpu_resource(key)
+                else None
+            )
+            if target is None:
+                self.findings.refuse(
+                    f"{path}.resources.{name}", "custom Ray resources: set them with rayStartParams.resources"
+                )
+                continue
+            params[target] = quantity
+            sources[target] = f"{path}.resources.{name}"
+        limits = as_mapping(resources.get("limits"))
+        requests = as_mapping(resources.get("requests"))
+        result: dict[str, Any] = {}
+        container_path = f"{path}.template.spec.containers[0].resources"
+        try:
+            if "num-cpus" in params:
+                result["numCpus"] = self.whole(sources["num-cpus"], params.pop("num-cpus"), "num-cpus")
+            elif limits.get("cpu") is not None:
+                result["numCpus"] = quantity_value(limits["cpu"])
+            elif requests.get("cpu") is not None:
+                result["numCpus"] = quantity_value(requests["cpu"])
+            if "memory" in params:
+                result["memory"] = quantity_value(params.pop("memory"))
+            elif limits.get("memory") is not None:
+                result["memory"] = quantity_value(limits["memory"])
+            if "num-gpus" in params:
+                result["numGpus"] = self.whole(sources["num-gpus"], params.pop("num-gpus"), "num-gpus")
+            else:
+                for name in sorted(limits):
+                    if is_gpu_resource(name) and quantity_value(limits[name]) > 0:
+                        result["numGpus"] = quantity_value(limits[name])
+                        break
+        except QuantityError as exc:
+            self.findings.refuse(container_path, str(exc))
+        result["rayStartParams"] = self.start_params(params_path, params)
+        return result
+
+    def start_params(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The rayStartParams left once resources are taken out, less those servekeeper sets."""
+        passed: dict[str, Any] = {}
+        for key, value in sorted(params.items()):
+            if key in OWNED_START_PARAMS:
+                self.findings.note(NoteKind.OVERRIDDEN, f"{path}.{key}", "set by servekeeper (ports, addresses, dirs)")
+                continue
+            passed[key] = _start_param_value(key, value)
+        return passed
+
+    def whole(self, path: str, quantity: Any, flag: str) -> float:
+        """A CPU or GPU count for `ray start --{flag}`, rounded up to a whole number as Ray's
+        own container limits are; a fraction rounded is noted."""
+        exact = parse_quantity(quantity)
+        rounded = math.ceil(exact)
+        if rounded != exact:
+            self.findings.note(
+                NoteKind.CHANGED,
+                path,
+                f"{float(exact):g} rounded up to {rounded}: `ray start --{flag}` takes a whole number "
+                "(a deployment's share of a node goes in its ray_actor_options)",
+            )
+        return float(rounded)
+
+
+def _start_param_value(key: str, value: Any) -> Any:
+    """KubeRay's rayStartParams are strings; servekeeper's are typed like the flags they become."""
+    if not isinstance(value, str):
+        return value
+    if key == "resources":
+        return value.strip("'\"` ")  # KubeRay quotes it for a shell; no shell here
+    if value in ("true", "false"):
+        return value == "true"
+    for convert in (int, float):
+        try:
+            return convert(value)
+        except ValueError:
+            continue
+    return value

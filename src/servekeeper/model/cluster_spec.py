@@ -1,0 +1,148 @@
+"""The declared shape of a Ray cluster: its head and worker groups, their resources, env and
+`ray start` parameters, and the host pool they run on."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from pydantic import Field, field_validator, model_validator
+
+from servekeeper.model.base import DNS_LABEL, StrictModel
+
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+START_PARAM_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
+
+# Ports, addresses and directories of a cluster are servekeeper's: it allocates them so that
+# clusters side by side never collide, and records them so that it can re-adopt them.
+OWNED_START_PARAMS = frozenset(
+    {
+        "head",
+        "block",
+        "address",
+        "port",
+        "node-ip-address",
+        "dashboard-host",
+        "dashboard-port",
+        "ray-client-server-port",
+        "min-worker-port",
+        "max-worker-port",
+        "worker-port-list",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "node-manager-port",
+        "object-manager-port",
+        "metrics-export-port",
+        "runtime-env-agent-port",
+        "temp-dir",
+        "num-cpus",
+        "num-gpus",  # numGpus
+        "memory",  # memory
+        "disable-usage-stats",
+        "include-dashboard",
+        "gcs-server-port",
+        "redis-password",
+    }
+)
+
+StartParamValue = str | int | float | bool
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for key, value in env.items():
+        if not ENV_KEY.match(key):
+            raise ValueError(f"env key {key!r} is not a valid environment variable name")
+        if "\x00" in value:
+            raise ValueError(f"env value of {key!r} contains a NUL byte")
+    return env
+
+
+def _check_start_params(params: dict[str, StartParamValue]) -> dict[str, StartParamValue]:
+    for key, value in params.items():
+        if not START_PARAM_KEY.match(key):
+            raise ValueError(f"rayStartParams key {key!r} must look like 'object-store-memory'")
+        if key in OWNED_START_PARAMS:
+            raise ValueError(f"rayStartParams {key!r} is set by servekeeper and cannot be overridden")
+        if isinstance(value, str) and any(ch in value for ch in "\x00\n\r"):
+            raise ValueError(f"rayStartParams {key!r} contains a control character")
+    return params
+
+
+class HeadGroupSpec(StrictModel):
+    numCpus: float = Field(default=1, ge=0, le=1024)
+    # `ray start --num-gpus` / `--memory` (bytes: Ray's logical memory resource). None: not passed,
+    # Ray detects the GPUs and takes the memory it sees.
+    numGpus: float | None = Field(default=None, ge=0, le=1024)
+    memory: int | None = Field(default=None, ge=0, le=2**50)
+    env: dict[str, str] = Field(default_factory=dict)
+    rayStartParams: dict[str, StartParamValue] = Field(default_factory=dict)
+    # With a hostPool: the pool's host this group's nodes run on (None: placed, spread).
+    host: str | None = None
+
+    _env = field_validator("env")(_check_env)
+    _params = field_validator("rayStartParams")(_check_start_params)
+
+
+class WorkerGroupSpec(HeadGroupSpec):
+    name: str
+    replicas: int = Field(default=1, ge=0, le=64)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_dns_label(cls, name: str) -> str:
+        if not DNS_LABEL.match(name):
+            raise ValueError(f"{name!r} is not a DNS label (lowercase letters, digits, '-')")
+        return name
+
+
+class RayClusterConfigSpec(StrictModel):
+    # The HostPool whose machines run the nodes, over SSH (None: this machine, the embedded default).
+    hostPool: str | None = None
+    workingDir: str | None = None
+    # Gitignore-style patterns left out of the workingDir package, like a .servekeeperignore file.
+    excludes: list[str] = Field(default_factory=list, max_length=1000)
+    head: HeadGroupSpec = Field(default_factory=HeadGroupSpec)
+    workerGroups: list[WorkerGroupSpec] = Field(default_factory=list)
+
+    def worker_count(self) -> int:
+        return sum(group.replicas for group in self.workerGroups)
+
+    @field_validator("excludes")
+    @classmethod
+    def _excludes_are_single_lines(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            if any(ch in pattern for ch in "\x00\n\r"):
+                raise ValueError(f"excludes pattern {pattern!r} contains a NUL or line break")
+        return patterns
+
+    @model_validator(mode="after")
+    def _hosts_need_a_pool(self) -> RayClusterConfigSpec:
+        pinned = [g for g in [self.head, *self.workerGroups] if g.host is not None]
+        if pinned and self.hostPool is None:
+            raise ValueError("a group's host names a machine of a hostPool: set hostPool too")
+        return self
+
+    @model_validator(mode="after")
+    def _unique_worker_groups(self) -> RayClusterConfigSpec:
+        names = [group.name for group in self.workerGroups]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"workerGroups names must be unique; repeated: {duplicates}")
+        return self
+
+
+def fractional_resource_problems(config: RayClusterConfigSpec) -> list[str]:
+    """`ray start --num-cpus` and `--num-gpus` take whole numbers: a fraction would fail every
+    node's start. Checked when a spec is applied, not when a stored one is read (the model
+    allows fractions), so that a spec stored before this check still loads and can be replaced."""
+    groups: list[tuple[str, HeadGroupSpec]] = [("spec.rayClusterConfig.head", config.head)]
+    groups += [(f"spec.rayClusterConfig.workerGroups.{i}", group) for i, group in enumerate(config.workerGroups)]
+    problems = []
+    for path, group in groups:
+        for field, value, flag in (("numCpus", group.numCpus, "num-cpus"), ("numGpus", group.numGpus, "num-gpus")):
+            if value is not None and value != int(value):
+                problems.append(
+                    f"{path}.{field}: {value:g} is not a whole number: `ray start --{flag}` takes an integer; "
+                    f"use {math.ceil(value)} (a deployment's share of a node goes in its ray_actor_options)"
+                )
+    return problems
