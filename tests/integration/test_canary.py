@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from servekeeper import Client, Conflict
-from servekeeper.client.sdk import RevisionNotFound
+from servekeeper.client import RevisionNotFound
 from servekeeper.testing.harness import Load, LoadResult, Servekeeper, free_port, hello_spec, wait_until
 from tests.integration.observed_upgrade import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
 
