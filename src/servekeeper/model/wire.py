@@ -6,8 +6,8 @@ present is required; `NotRequired` marks the few that a view leaves out in some 
 Changing a shape here is changing the API: `tests/unit/test_wire.py` holds both sides to it.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: `NotRequired` in a string annotation is not seen
+# at run time, and tests/unit/test_wire.py reads `__required_keys__`.
 from typing import Any, Literal
 
 from typing_extensions import NotRequired, TypedDict
