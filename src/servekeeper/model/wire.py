@@ -8,7 +8,7 @@ Changing a shape here is changing the API: `tests/unit/test_wire.py` holds both 
 
 # No `from __future__ import annotations` here: `NotRequired` in a string annotation is not seen
 # at run time, and tests/unit/test_wire.py reads `__required_keys__`.
-from typing import Any, Literal
+from typing import Literal
 
 from typing_extensions import NotRequired, TypedDict
 
@@ -221,13 +221,21 @@ class HostUseView(TypedDict):
     memoryBytes: int
 
 
+class HostResourcesView(TypedDict):
+    """The host's capacity, as its spec declares it."""
+
+    cpus: float
+    gpus: float
+    memoryGiB: float
+
+
 class HostView(TypedDict):
     name: str
     address: str
     sshUser: str
     sshPort: int
     python: str  # the interpreter's path on the host
-    resources: dict[str, Any]  # the spec's `resources` (cpus, gpus, memoryGiB)
+    resources: HostResourcesView
     used: list[HostUseView]
 
 
@@ -246,7 +254,7 @@ class HostCheckView(TypedDict):
     sshUser: str
     sshPort: int
     python: str | None  # the host's Python version (None: not reached)
-    resources: dict[str, Any]
+    resources: HostResourcesView
     used: list[HostUseView]
     ray: str | None
     pythonPath: str
