@@ -6,6 +6,7 @@ history, a KubeRay import and host pools (the API's own answers through the real
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import types
 from collections.abc import Iterator
@@ -18,9 +19,8 @@ import yaml
 from fastapi.testclient import TestClient
 from typing_extensions import get_type_hints, is_typeddict
 
-from servekeeper.api import app as api_module
 from servekeeper.client import Client
-from servekeeper.core.placement import Capacity
+from servekeeper.kuberay.translate import import_documents
 from servekeeper.model import wire
 from servekeeper.model.spec import parse_spec
 from servekeeper.model.status import (
@@ -46,8 +46,9 @@ from servekeeper.model.wire import ClusterView, EventView, ServiceView
 from servekeeper.views.service import event_view, service_view
 from tests.unit.test_api_hosts import local_pool
 from tests.unit.test_client import TOKEN, URL, document
-from tests.unit.test_kuberay_api import RAY
-from tests.unit.test_kuberay_import import sample_documents
+from tests.unit.test_kuberay_import import SAMPLES, sample_documents
+
+RAY = importlib.metadata.version("ray")
 
 # -- the checker --------------------------------------------------------------------------------
 
@@ -303,16 +304,17 @@ def test_service_commands_and_history_fit_their_types(client: Client) -> None:
     assert shape_problems(wire.DeleteResult, client.delete("hello")) == []
 
 
-def test_an_imported_kuberay_service_fits_with_its_notes(
-    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(api_module, "machine_capacity", lambda: Capacity(gpus=0, memory_bytes=64 * 2**30))
-    manifest = tmp_path / "ray-service.yaml"
-    manifest.write_text(yaml.safe_dump_all(sample_documents("ray-service.different-port.yaml", ray_version=RAY)))
-    client.apply(manifest)
-    (view,) = client.list()
-    assert view["importedFrom"] and view.get("importNotes")
-    assert shape_problems(ServiceView, view) == []
+def test_an_imported_kuberay_service_fits_with_its_notes(client: Client) -> None:
+    """The API adds `importedFrom` and `importNotes` (the translation's notes, as it stored them)."""
+    documents = sample_documents("ray-service.different-port.yaml", ray_version=RAY)
+    imported = import_documents(documents, RAY, {}, str(SAMPLES))
+    view = view_of(active_only())
+    view["importedFrom"] = imported.source
+    view["importNotes"] = [note.to_json() for note in imported.notes]
+    assert view["importNotes"] and shape_problems(ServiceView, json.loads(json.dumps(view))) == []
+    client.apply(document())
+    (plain,) = client.list()
+    assert plain.get("importedFrom", "absent") is None and plain.get("importNotes") == []
 
 
 def test_host_pool_answers_fit_their_types(client: Client, tmp_path: Path) -> None:
