@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from servekeeper.client.sdk import (
+    from servekeeper.client import (
         AsyncClient,
         Client,
         Conflict,
@@ -43,7 +43,7 @@ def __getattr__(name: str) -> Any:
     # Imported on first use: `import servekeeper.core...` (and every tool that imports a part of
     # servekeeper) stays free of the client's HTTP and spec dependencies.
     if name in __all__:
-        from servekeeper.client import sdk as client
+        from servekeeper import client
 
         return getattr(client, name)
     raise AttributeError(f"module 'servekeeper' has no attribute {name!r}")

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from servekeeper import Client, Conflict
-from servekeeper.client.sdk import RevisionNotFound
+from servekeeper.client import RevisionNotFound
 from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
 from servekeeper.testing.load import Load, LoadResult
 from tests.integration.observed_upgrade import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS

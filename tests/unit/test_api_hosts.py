@@ -17,7 +17,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from servekeeper.api.app import build_app
-from servekeeper.client.sdk import AsyncClient, Client, Conflict, ServiceNotFound, SpecInvalid
+from servekeeper.client import AsyncClient, Client, Conflict, ServiceNotFound, SpecInvalid
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.status import ClusterPorts, ClusterRecord, ClusterRole, NodePlacement, NodePorts
 from servekeeper.store.store import Store

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from servekeeper.api import app as api_module
 from servekeeper.api.app import build_app
-from servekeeper.client.sdk import _apply_body
+from servekeeper.client.common import apply_body
 from servekeeper.core.placement import Capacity
 from servekeeper.store.secrets import SecretError, delete_secret, list_secrets, parse_pairs, read_secrets, set_secret
 from servekeeper.store.store import Store
@@ -87,7 +87,7 @@ def test_secret_key_ref_reads_servekeeper_secrets(client: TestClient, secrets_di
 
 
 def test_client_sends_a_kuberay_file_as_documents_with_its_folder() -> None:
-    body = _apply_body(str(SAMPLES / "ray-service.high-availability.yaml"))
+    body = apply_body(str(SAMPLES / "ray-service.high-availability.yaml"))
     assert body["baseDir"] == str(SAMPLES) and len(body["documents"]) == 7
 
 

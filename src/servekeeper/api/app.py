@@ -112,7 +112,7 @@ def build_app(
         imported = store.get_fact(IMPORT_FACT.format(name=name)) or {}
         result["importedFrom"] = imported.get("source")
         result["importNotes"] = imported.get("notes", [])
-        return result
+        return dict(result)  # a plain dict for the routes: a TypedDict there would become FastAPI's response model
 
     def translate(body: ApplyRequest) -> tuple[ServiceSpec, ImportResult | None]:
         documents = body.documents if body.documents is not None else [body.spec]
@@ -216,7 +216,7 @@ def build_app(
 
     @app.get("/api/v1/events")
     async def events(service: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        return [event_view(e) for e in store.list_events(service, max(1, min(limit, 1000)))]
+        return [dict(event_view(e)) for e in store.list_events(service, max(1, min(limit, 1000)))]
 
     @app.post("/api/v1/shutdown")
     async def shutdown(body: ShutdownRequest) -> dict[str, Any]:
@@ -233,7 +233,7 @@ def build_app(
         source = ViewSource(
             services=lambda: [view(service.name) for service in store.list_services()],
             service=view_or_none,
-            events=lambda name, limit: [event_view(e) for e in store.list_events(name, limit)],
+            events=lambda name, limit: [dict(event_view(e)) for e in store.list_events(name, limit)],
             commands=commands,
         )
         app.include_router(dashboard_router(dashboard, source))

@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
-from servekeeper.client.sdk import Client
+from servekeeper.client import Client
+from servekeeper.model.wire import HostCheckView
 
 console = Console()
 errors = Console(stderr=True)
@@ -48,7 +49,7 @@ def _shown() -> Iterator[None]:
         yield
 
 
-def _versions(host: dict[str, Any]) -> tuple[str, str]:
+def _versions(host: HostCheckView) -> tuple[str, str]:
     return host.get("ray") or "-", host.get("python") or "-"
 
 

@@ -18,25 +18,23 @@ from rich.table import Table
 from rich.text import Text
 
 from servekeeper.cli.hosts import hosts_app
-from servekeeper.client.sdk import (
+from servekeeper.client import (
     ApiError,
     Client,
     Conflict,
     DaemonNotRunning,
-    EventView,
     RevisionNotFound,
-    RevisionView,
     RolloutFailed,
     ServekeeperError,
     ServiceNotFound,
     SpecInvalid,
     WaitTimeout,
     default_state_dir,
-    is_true,
     read_api_info,
 )
 from servekeeper.daemon import DaemonError, configure_logging, run_daemon, start_detached
 from servekeeper.kuberay.status import kuberay_service
+from servekeeper.model.wire import EventView, RevisionView, is_true
 from servekeeper.rayapi.jobs import NoSuchCluster, env_lines, pick_cluster, pool_access, submit_job
 from servekeeper.store.secrets import SecretError, delete_secret, list_secrets, parse_pairs, secrets_dir, set_secret
 from servekeeper.store.store import StoreError
@@ -58,7 +56,7 @@ def _state(state_dir: Path | None) -> Path:
 
 
 def _client(state_dir: Path | None) -> Client:
-    """The daemon's Python client (servekeeper.client.sdk): every command talks to the API through it."""
+    """The daemon's Python client (servekeeper.client): every command talks to the API through it."""
     return Client(_state(state_dir))
 
 
@@ -242,12 +240,13 @@ def get(
         return
     table = Table("NAME", "READY", "GENERATION", "ACTIVE", "PENDING", "INGRESS", box=None)
     for view in views:
+        active, pending = view["activeCluster"], view["pendingCluster"]
         table.add_row(
             view["name"],
             "True" if is_true(view, "Ready") else "False",
             f"{view['observedGeneration']}/{view['generation']}",
-            (view["activeCluster"] or {}).get("name", "-"),
-            (view["pendingCluster"] or {}).get("name", "-"),
+            active["name"] if active else "-",
+            pending["name"] if pending else "-",
             view["ingress"]["url"],
         )
     console.print(table)
@@ -283,7 +282,8 @@ def describe(name: str, state_dir: StateDir = None) -> None:
         console.print(f"\n[bold]Ignored on this provider[/bold] (imported from {view.get('importedFrom')})")
         for note in notes:
             console.print(f"  {note['path']}  {note['kind']}: {note['message']}", markup=False)
-    canary = (view["pendingCluster"] or {}).get("canary")
+    pending = view["pendingCluster"]
+    canary = pending.get("canary") if pending else None
     if canary:
         from servekeeper.cli.live import canary_block
 
@@ -496,7 +496,7 @@ def job_submit(
         target = pick_cluster(dict(view), cluster)
         if target.get("hostPool"):
             with _shown_errors():
-                pools = list(client.host_pools(str(target["hostPool"])))
+                pools = [dict(pool) for pool in client.host_pools(str(target["hostPool"]))]
             headers, python_dir = pool_access(target, _state(state_dir), pools)
     except NoSuchCluster as exc:
         errors.print(str(exc), markup=False)

@@ -1,4 +1,4 @@
-"""Pure: where a rollout is, derived from the service view (`core/views.py`) and its events.
+"""Pure: where a rollout is, derived from the service view (`views/service.py`) and its events.
 
 `rollout status --watch`, `apply --watch` and the web dashboard all show this; none of them
 decides anything with it. The exit codes are `wait`'s: 0 rolled out, 1 failed, 2 timed out
@@ -96,7 +96,7 @@ def _probes_passing(cluster: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def canary_of(view: View) -> Mapping[str, Any] | None:
-    """The pending cluster's canary block (`core/views.py` `canary_view`), or None."""
+    """The pending cluster's canary block (`views/service.py` `canary_view`), or None."""
     pending = view.get("pendingCluster")
     canary = pending.get("canary") if pending else None
     return dict(canary) if canary else None

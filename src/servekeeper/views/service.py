@@ -2,25 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from servekeeper.core import canary_steps
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import CanaryState, ClusterRecord, ClusterRole, Event, Observation, ServiceRecord
+from servekeeper.model.status import (
+    AnalysisFigures,
+    AppState,
+    CanaryState,
+    ClusterRecord,
+    ClusterRole,
+    Condition,
+    Event,
+    Observation,
+    ProbeState,
+    ServiceRecord,
+)
+from servekeeper.model.wire import (
+    AnalysisView,
+    AppView,
+    CanaryView,
+    ClusterView,
+    ConditionView,
+    EventView,
+    ProbeView,
+    ServiceView,
+)
 
 
-def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffic_percent: int) -> dict[str, Any]:
+def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffic_percent: int) -> ClusterView:
     observed = observation.clusters.get(cluster.name) if observation else None
     route = observation.route if observation else None
     # Requests and open streams the ingress still has on this cluster (None: not routed or unread).
     inflight = route.inflight.get(cluster.name) if route is not None and cluster.name in route.upstreams else None
-    apps = {}
+    apps: dict[str, AppView] = {}
     if observed is not None and observed.apps is not None:
-        apps = {
-            name: {"status": app.status.value, "source": app.source.value, "message": app.message}
-            for name, app in sorted(observed.apps.items())
-        }
+        apps = {name: app_view(app) for name, app in sorted(observed.apps.items())}
     return {
         "name": cluster.name,
         "generation": cluster.generation,
@@ -48,7 +64,7 @@ def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffi
         "deployedConfigHash": observed.deployed_config_hash if observed else None,
         "inflightRequests": inflight,
         "applications": apps,
-        "probes": [probe.to_json() for probe in observed.probes] if observed else [],
+        "probes": [probe_view(probe) for probe in observed.probes] if observed else [],
     }
 
 
@@ -72,7 +88,7 @@ def service_view(
     clusters: list[ClusterRecord],
     observation: Observation | None,
     now: float | None = None,
-) -> dict[str, Any]:
+) -> ServiceView:
     def pick(role: ClusterRole) -> ClusterRecord | None:
         found = [c for c in clusters if c.role == role]
         return max(found, key=lambda c: c.created_at) if found else None
@@ -93,7 +109,7 @@ def service_view(
         "generation": service.generation,
         "observedGeneration": service.observed_generation,
         "deleting": service.deleting,
-        "conditions": [c.to_json() for c in service.conditions],
+        "conditions": [condition_view(c) for c in service.conditions],
         "ingress": {"url": f"http://127.0.0.1:{ingress_port}", "port": ingress_port, "routedTo": routed},
         "activeCluster": cluster_view(active, observation, traffic(active)) if active else None,
         "pendingCluster": pending_view,
@@ -107,16 +123,16 @@ def service_view(
     }
 
 
-def canary_view(service: ServiceRecord, state: CanaryState, now: float | None) -> dict[str, Any]:
+def canary_view(service: ServiceRecord, state: CanaryState, now: float | None) -> CanaryView:
     """Where a canary is: weight, step, the pause left, and the analysis so far."""
-    view: dict[str, Any] = {
+    view: CanaryView = {
         "weight": state.weight,
         "step": state.step,
         "stepStartedAt": state.step_started_at,
         "passedIntervals": state.passed_intervals,
         "failedIntervals": state.failed_intervals,
         "inconclusiveIntervals": state.inconclusive_intervals,
-        "lastAnalysis": state.last_analysis.to_json() if state.last_analysis else None,
+        "lastAnalysis": analysis_view(state.last_analysis) if state.last_analysis else None,
     }
     try:
         strategy = ServiceSpec.model_validate_json(service.spec_json).spec.upgradeStrategy.canary
@@ -129,11 +145,52 @@ def canary_view(service: ServiceRecord, state: CanaryState, now: float | None) -
     return view
 
 
-def event_view(event: Event) -> dict[str, Any]:
+def event_view(event: Event) -> EventView:
     return {
         "service": event.service,
         "time": event.time,
         "type": event.type,
         "reason": event.reason,
         "message": event.message,
+    }
+
+
+def condition_view(condition: Condition) -> ConditionView:
+    return {
+        "type": condition.type.value,
+        "status": "True" if condition.status else "False",
+        "reason": condition.reason,
+        "message": condition.message,
+        "lastTransitionTime": condition.last_transition_time,
+    }
+
+
+def app_view(app: AppState) -> AppView:
+    return {"status": app.status.value, "source": app.source.value, "message": app.message}
+
+
+def probe_view(probe: ProbeState) -> ProbeView:
+    return {
+        "path": probe.path,
+        "passing": probe.passing,
+        "consecutiveSuccesses": probe.consecutive_successes,
+        "successThreshold": probe.success_threshold,
+        "lastOk": probe.last_ok,
+        "lastMessage": probe.last_message,
+        "lastTime": probe.last_time,
+    }
+
+
+def analysis_view(figures: AnalysisFigures) -> AnalysisView:
+    return {
+        "started_at": figures.started_at,
+        "ended_at": figures.ended_at,
+        "requests": figures.requests,
+        "success_rate": figures.success_rate,
+        "p99_ms": figures.p99_ms,
+        "stable_requests": figures.stable_requests,
+        "stable_success_rate": figures.stable_success_rate,
+        "stable_p99_ms": figures.stable_p99_ms,
+        "verdict": figures.verdict,
+        "message": figures.message,
     }
