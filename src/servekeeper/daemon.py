@@ -26,7 +26,8 @@ from typing import IO, Any
 import aiohttp
 import uvicorn
 
-from servekeeper.api.app import add_metrics_route, build_app, build_metrics_app
+from servekeeper.api.app import build_app
+from servekeeper.api.metrics import add_metrics_route, build_metrics_app
 from servekeeper.client.sdk import default_state_dir as default_state_dir  # re-exported: the client
 from servekeeper.client.sdk import read_api_info as read_api_info  # reads what the daemon writes
 from servekeeper.controller.hooks import hooks_from_environment

@@ -7,7 +7,8 @@ second. Every `/ui` path but the login needs the session cookie (see `auth.py`);
 bearer token is never accepted or needed here.
 
 The rollout buttons (promote, abort, undo) POST to `/ui/services/NAME/...` and run the same
-commands as the API (`api_rollouts.RolloutCommands`). Besides the session, a POST must carry the
+commands as the API (`commands.rollouts.RolloutCommands`); a refusal answers with the API's
+status for it (`api/errors.py`). Besides the session, a POST must carry the
 session's CSRF token in a header (htmx adds it from the page) and, when the browser says where
 it comes from (`Origin`, `Sec-Fetch-Site`), come from this origin: the session cookie is
 `SameSite=Strict`, but another port of 127.0.0.1 is the same *site*, so that alone is not enough.
@@ -26,6 +27,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from servekeeper.api.errors import detail_of, status_of
+from servekeeper.commands.errors import CommandError
 from servekeeper.views.rollout import rollout_status
 from servekeeper.web.auth import CSRF_HEADER, SESSION_COOKIE, DashboardAuth
 from servekeeper.web.charts import legend_color, line_chart
@@ -46,7 +49,7 @@ class Dashboard:
 
 
 class Commands(Protocol):
-    """The rollout commands (`api_rollouts.RolloutCommands`); a refusal is an HTTPException."""
+    """The rollout commands (`commands.rollouts.RolloutCommands`); a refusal is a CommandError."""
 
     async def promote(self, name: str, full: bool) -> dict[str, Any]: ...
 
@@ -212,10 +215,10 @@ def _command_routes(pages: APIRouter, templates: Jinja2Templates, auth: Dashboar
     ) -> Response:
         try:
             result = await command
-        except HTTPException as exc:  # refused (409 nothing to promote, ...): say why, change nothing
-            context = {"ok": False, "message": str(exc.detail)}
+        except CommandError as exc:  # refused (409 nothing to promote, ...): say why, change nothing
+            context = {"ok": False, "message": str(detail_of(exc))}
             return templates.TemplateResponse(
-                request, "_action.html", context, status_code=exc.status_code, headers=NO_STORE
+                request, "_action.html", context, status_code=status_of(exc), headers=NO_STORE
             )
         return templates.TemplateResponse(
             request, "_action.html", {"ok": True, "message": done(result)}, headers=NO_STORE
