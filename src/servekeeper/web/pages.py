@@ -106,6 +106,27 @@ def charts(history: StatsHistory, service: str, known: Sequence[str], now: float
     ]
 
 
+def _service_context(source: ViewSource, auth: DashboardAuth, request: Request, name: str) -> dict[str, Any]:
+    view = source.service(name)
+    if view is None:
+        raise HTTPException(status_code=404, detail=f"service {name!r} not found")
+    events = source.events(name, 40)
+    clusters = _clusters(view)
+    revisions = source.commands.history(name)["revisions"] if source.commands is not None else []
+    session_id = request.cookies.get(SESSION_COOKIE) or ""
+    return {
+        "view": view,
+        "clusters": clusters,
+        "status": rollout_status(view, events),
+        "events": list(reversed(events)),
+        "canary": (view.get("pendingCluster") or {}).get("canary"),
+        "commands": source.commands is not None,
+        "revisions": list(reversed(revisions)),  # newest first
+        "can_undo": undo_possible(view, revisions),
+        "csrf_token": auth.csrf_token(session_id) if source.commands is not None else None,
+    }
+
+
 def dashboard_router(dashboard: Dashboard, source: ViewSource, clock: Callable[[], float] = time.time) -> APIRouter:
     templates = _templates()
     auth = dashboard.auth
@@ -117,50 +138,10 @@ def dashboard_router(dashboard: Dashboard, source: ViewSource, clock: Callable[[
     router = APIRouter()
     pages = APIRouter(prefix="/ui", dependencies=[Depends(session)], default_response_class=HTMLResponse)
 
-    @router.post("/api/v1/dashboard/login-codes")
-    async def login_code() -> dict[str, Any]:
-        """A one-time code for `/ui/login` (behind the API's bearer token like every /api path)."""
-        return {"path": f"/ui/login?code={auth.new_code()}", "expiresInSeconds": auth.code_seconds}
-
-    @router.get("/ui/login", include_in_schema=False)
-    async def login(code: str = "") -> Response:
-        session_id = auth.exchange(code)
-        if session_id is None:
-            return HTMLResponse(
-                "<h1>401</h1><p>This login link is spent or expired: run <code>servekeeper dashboard</code> again.</p>",
-                status_code=401,
-                headers=NO_STORE,
-            )
-        response = RedirectResponse("/ui", status_code=303, headers=NO_STORE)
-        response.set_cookie(
-            SESSION_COOKIE,
-            session_id,
-            max_age=int(auth.session_seconds),
-            path="/ui",
-            httponly=True,
-            samesite="strict",
-        )
-        return response
+    _login_routes(router, auth)
 
     def service_context(request: Request, name: str) -> dict[str, Any]:
-        view = source.service(name)
-        if view is None:
-            raise HTTPException(status_code=404, detail=f"service {name!r} not found")
-        events = source.events(name, 40)
-        clusters = _clusters(view)
-        revisions = source.commands.history(name)["revisions"] if source.commands is not None else []
-        session_id = request.cookies.get(SESSION_COOKIE) or ""
-        return {
-            "view": view,
-            "clusters": clusters,
-            "status": rollout_status(view, events),
-            "events": list(reversed(events)),
-            "canary": (view.get("pendingCluster") or {}).get("canary"),
-            "commands": source.commands is not None,
-            "revisions": list(reversed(revisions)),  # newest first
-            "can_undo": undo_possible(view, revisions),
-            "csrf_token": auth.csrf_token(session_id) if source.commands is not None else None,
-        }
+        return _service_context(source, auth, request, name)
 
     @pages.get("", include_in_schema=False)
     async def services_page(request: Request) -> Response:
@@ -195,6 +176,35 @@ def dashboard_router(dashboard: Dashboard, source: ViewSource, clock: Callable[[
         _command_routes(pages, templates, auth, source.commands)
     router.include_router(pages)
     return router
+
+
+def _login_routes(router: APIRouter, auth: DashboardAuth) -> None:
+    """The one-time login code (behind the API token) and its exchange for a session cookie."""
+
+    @router.post("/api/v1/dashboard/login-codes")
+    async def login_code() -> dict[str, Any]:
+        """A one-time code for `/ui/login` (behind the API's bearer token like every /api path)."""
+        return {"path": f"/ui/login?code={auth.new_code()}", "expiresInSeconds": auth.code_seconds}
+
+    @router.get("/ui/login", include_in_schema=False)
+    async def login(code: str = "") -> Response:
+        session_id = auth.exchange(code)
+        if session_id is None:
+            return HTMLResponse(
+                "<h1>401</h1><p>This login link is spent or expired: run <code>servekeeper dashboard</code> again.</p>",
+                status_code=401,
+                headers=NO_STORE,
+            )
+        response = RedirectResponse("/ui", status_code=303, headers=NO_STORE)
+        response.set_cookie(
+            SESSION_COOKIE,
+            session_id,
+            max_age=int(auth.session_seconds),
+            path="/ui",
+            httponly=True,
+            samesite="strict",
+        )
+        return response
 
 
 def _command_routes(pages: APIRouter, templates: Jinja2Templates, auth: DashboardAuth, commands: Commands) -> None:
