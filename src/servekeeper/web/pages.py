@@ -1,7 +1,7 @@
 """The web dashboard at `/ui`, served by the daemon on the API's port.
 
 Pages are rendered on the server with Jinja2 from the same service views the CLI prints
-(`core/views.py`) and the same rollout phase as `rollout status` (`core/rollout_view.py`); the
+(`views/service.py`) and the same rollout phase as `rollout status` (`views/rollout.py`); the
 live parts are fragments that htmx (vendored under `static/`, no build step) polls every
 second. Every `/ui` path but the login needs the session cookie (see `auth.py`); the API's
 bearer token is never accepted or needed here.
