@@ -26,9 +26,10 @@ from typing import IO, Any
 import aiohttp
 import uvicorn
 
-from servekeeper.api.app import add_metrics_route, build_app, build_metrics_app
-from servekeeper.client.common import default_state_dir as default_state_dir  # re-exported: the client
-from servekeeper.client.common import read_api_info as read_api_info  # reads what the daemon writes
+from servekeeper.api.app import build_app
+from servekeeper.api.metrics import add_metrics_route, build_metrics_app
+from servekeeper.client import default_state_dir as default_state_dir  # re-exported: the client
+from servekeeper.client import read_api_info as read_api_info  # reads what the daemon writes
 from servekeeper.controller.hooks import hooks_from_environment
 from servekeeper.controller.loop import Controller
 from servekeeper.controller.metrics import ControllerMetrics, Metrics

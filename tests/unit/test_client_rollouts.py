@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from servekeeper import AsyncClient, Client, Conflict, RevisionNotFound, ServiceNotFound
 from servekeeper.api.app import build_app
+from servekeeper.cli import common as cli_common
 from servekeeper.cli import main as cli_module
 from servekeeper.model.status import AnalysisFigures, CanaryState, ClusterRecord
 from servekeeper.store.store import Store
@@ -130,9 +131,9 @@ async def test_the_async_rollout_commands(app_client: TestClient, store: Store) 
 @pytest.fixture
 def cli(client: Client, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
     """`servekeeper ARGS...` against the in-process API; returns Typer's result."""
-    monkeypatch.setattr(cli_module, "_client", lambda state_dir: client)
-    monkeypatch.setattr(cli_module, "console", Console(width=200))
-    monkeypatch.setattr(cli_module, "errors", Console(width=200, stderr=True))
+    monkeypatch.setattr(cli_common, "client", lambda state_dir: client)
+    monkeypatch.setattr(cli_common, "console", Console(width=200))
+    monkeypatch.setattr(cli_common, "errors", Console(width=200, stderr=True))
     runner = CliRunner()
 
     def run(*args: str) -> Result:

@@ -11,16 +11,17 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from servekeeper.api import app as api_module
 from servekeeper.api.app import build_app
 from servekeeper.client.common import apply_body
+from servekeeper.commands import apply as apply_module
+from servekeeper.commands.services import ray_version
 from servekeeper.core.placement import Capacity
 from servekeeper.store.secrets import SecretError, delete_secret, list_secrets, parse_pairs, read_secrets, set_secret
 from servekeeper.store.store import Store
 from tests.unit.test_api import AUTH, TOKEN, FakeController
 from tests.unit.test_kuberay_import import SAMPLES, sample_documents
 
-RAY = api_module._ray_version()
+RAY = ray_version()
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def secrets_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def client(tmp_path: Path, secrets_dir: Path, monkeypatch: pytest.MonkeyPatch) -> TestClient:
-    monkeypatch.setattr(api_module, "machine_capacity", lambda: Capacity(gpus=0, memory_bytes=64 * 2**30))
+    monkeypatch.setattr(apply_module, "machine_capacity", lambda: Capacity(gpus=0, memory_bytes=64 * 2**30))
 
     async def shutdown(stop_clusters: bool) -> None:
         return None

@@ -16,7 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from servekeeper.api.app import add_metrics_route, build_app, build_metrics_app
+from servekeeper.api.app import build_app
+from servekeeper.api.metrics import add_metrics_route, build_metrics_app
 from servekeeper.controller.loop import Controller
 from servekeeper.controller.metrics import ControllerMetrics, Metrics, applied_at, record_applied
 from servekeeper.daemon import JsonLogFormatter

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from servekeeper.api.hosts import usage
+from servekeeper.commands.hosts import usage
 from servekeeper.controller.loop import Controller
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import parse_host_pool

@@ -1,181 +1,41 @@
-"""The daemon's host pool routes (issue 10), added to the API app by `add_host_routes`.
-
-They sit behind the API's bearer token like every route (the app's middleware). A check connects
-to every host of a pool at once, from the daemon: the controller's own Ray and Python are what
-every node must match, and its known_hosts files are what host keys are checked against.
-"""
+"""Host pool routes (issue 10), behind the API's bearer token like every route (the app's
+middleware). The commands are in commands/hosts.py."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import APIRouter
 from pydantic import BaseModel
 
-from servekeeper.core.placement import nodes_taking_room
-from servekeeper.model.hostpool import HostPoolRecord, HostSpec, parse_host_pool
-from servekeeper.model.spec import SpecError
-from servekeeper.providers.ssh import (
-    AuthenticationRefused,
-    HostKeyRefused,
-    SshError,
-    Versions,
-    check_host,
-    controller_versions,
-    version_mismatch,
-)
-from servekeeper.store.store import Store
+from servekeeper.commands.hosts import HostPoolCommands
 
 
 class HostPoolRequest(BaseModel):
     spec: dict[str, Any]
 
 
-Usage = dict[str, list[dict[str, Any]]]  # host name -> the nodes of clusters placed there
+def host_routes(pools: HostPoolCommands) -> APIRouter:
+    router = APIRouter()
 
-
-def usage(store: Store, pool: str) -> Usage:
-    """What each cluster's nodes take of each host of `pool` (pending and draining ones too; a
-    node of a deleted cluster until it is stopped)."""
-    used: Usage = {}
-    for cluster in store.list_clusters():
-        if cluster.pool != pool:
-            continue
-        for node, need in nodes_taking_room(cluster):
-            used.setdefault(node.host, []).append(
-                {
-                    "cluster": cluster.name,
-                    "service": cluster.service,
-                    "role": node.role,
-                    "cpus": need.cpus,
-                    "gpus": need.gpus,
-                    "memoryBytes": need.memory_bytes,
-                }
-            )
-    return used
-
-
-def host_view(host: HostSpec, used: Usage | None = None) -> dict[str, Any]:
-    return {
-        "name": host.name,
-        "address": host.address,
-        "sshUser": host.ssh.user,
-        "sshPort": host.ssh.port,
-        "python": host.python,
-        "resources": host.resources.model_dump(mode="json"),
-        "used": (used or {}).get(host.name, []),
-    }
-
-
-def pool_view(record: HostPoolRecord, used: Usage | None = None) -> dict[str, Any]:
-    return {
-        "name": record.name,
-        "createdAt": record.created_at,
-        "updatedAt": record.updated_at,
-        "hosts": [host_view(host, used) for host in record.spec().spec.hosts],
-    }
-
-
-async def check_one(host: HostSpec, controller: Versions, used: Usage | None = None) -> dict[str, Any]:
-    """Connect to `host` and compare its Python and Ray with the controller's.
-
-    state: ok | mismatch (versions differ) | refused (host key or login refused) |
-    unreachable (no answer; may pass later) | error (the version command failed)."""
-    result = {**host_view(host, used), "python": None, "ray": None, "pythonPath": host.python}
-    try:
-        versions = await check_host(host)
-    except SshError as exc:
-        if exc.retryable:
-            state = "unreachable"
-        elif isinstance(exc, (HostKeyRefused, AuthenticationRefused)):
-            state = "refused"
-        else:
-            state = "error"
-        return {**result, "state": state, "reachable": False, "ok": False, "problem": str(exc)}
-    problem = version_mismatch(host.name, versions, controller)
-    return {
-        **result,
-        "python": versions.python,
-        "ray": versions.ray,
-        "state": "mismatch" if problem else "ok",
-        "reachable": True,
-        "ok": problem is None,
-        "problem": problem,
-    }
-
-
-def _hosts_in_use(store: Store, pool: str) -> dict[str, set[str]]:
-    """Host name -> the clusters with a node on it (any role, until the cluster is removed)."""
-    in_use: dict[str, set[str]] = {}
-    for cluster in store.list_clusters():
-        if cluster.pool == pool:
-            for node in cluster.nodes:
-                in_use.setdefault(node.host, set()).add(cluster.name)
-    return in_use
-
-
-def add_host_routes(app: FastAPI, store: Store) -> None:
-    def record_of(name: str) -> HostPoolRecord:
-        record = store.get_host_pool(name)
-        if record is None:
-            raise HTTPException(status_code=404, detail=f"host pool {name!r} not found")
-        return record
-
-    @app.post("/api/v1/hostpools")
+    @router.post("/api/v1/hostpools")
     async def apply_host_pool(body: HostPoolRequest) -> dict[str, Any]:
-        try:
-            pool = parse_host_pool(body.spec)
-        except SpecError as exc:
-            raise HTTPException(status_code=422, detail={"problems": exc.problems}) from exc
-        in_use = _hosts_in_use(store, pool.name)
-        previous = store.get_host_pool(pool.name)
-        if previous is not None and in_use:
-            # A node is stopped through its host's entry: a host in use keeps it, unchanged.
-            before = {host.name: host for host in previous.spec().spec.hosts}
-            after = {host.name: host for host in pool.spec.hosts}
-            changed_hosts = sorted(h for h in in_use if before.get(h) is not None and after.get(h) != before.get(h))
-            if changed_hosts:
-                clusters = sorted({c for h in changed_hosts for c in in_use[h]})
-                raise HTTPException(
-                    status_code=409,
-                    detail=f"hosts {changed_hosts} of pool {pool.name!r} run nodes of clusters {clusters}: "
-                    "they cannot be removed or changed until those clusters are gone",
-                )
-        record, changed = store.apply_host_pool(pool.name, pool.to_json(), time.time())
-        # Shaped like a service's apply answer; a pool has no generations.
-        return {"name": record.name, "generation": 0, "changed": changed, "kind": "HostPool"}
+        return pools.apply(body.spec)
 
-    @app.get("/api/v1/hostpools")
+    @router.get("/api/v1/hostpools")
     async def list_host_pools() -> list[dict[str, Any]]:
-        return [pool_view(record, usage(store, record.name)) for record in store.list_host_pools()]
+        return pools.views()
 
-    @app.get("/api/v1/hostpools/{name}")
+    @router.get("/api/v1/hostpools/{name}")
     async def get_host_pool(name: str) -> dict[str, Any]:
-        return pool_view(record_of(name), usage(store, name))
+        return pools.view(name)
 
-    @app.delete("/api/v1/hostpools/{name}")
+    @router.delete("/api/v1/hostpools/{name}")
     async def delete_host_pool(name: str) -> dict[str, Any]:
-        record_of(name)
-        in_use = _hosts_in_use(store, name)
-        if in_use:
-            clusters = sorted({c for names in in_use.values() for c in names})
-            raise HTTPException(
-                status_code=409, detail=f"host pool {name!r} runs clusters {clusters}; delete them first"
-            )
-        store.delete_host_pool(name)
-        return {"name": name, "deleted": True}
+        return pools.delete(name)
 
-    @app.post("/api/v1/hostpools/{name}/check")
+    @router.post("/api/v1/hostpools/{name}/check")
     async def check_host_pool(name: str) -> dict[str, Any]:
-        hosts = record_of(name).spec().spec.hosts
-        controller = controller_versions()
-        used = usage(store, name)
-        results = await asyncio.gather(*(check_one(host, controller, used) for host in hosts))
-        return {
-            "name": name,
-            "controller": {"python": controller.python, "ray": controller.ray},
-            "ok": all(result["ok"] for result in results),
-            "hosts": list(results),
-        }
+        return await pools.check(name)
+
+    return router

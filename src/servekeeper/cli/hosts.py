@@ -3,26 +3,16 @@ daemon sees them. A pool is stored with `servekeeper apply -f fleet.yaml` (`kind
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
+from servekeeper.cli import common
+from servekeeper.cli.common import StateDir
 from servekeeper.client import Client
 from servekeeper.model.wire import HostCheckView
-
-console = Console()
-errors = Console(stderr=True)
-
-StateDir = Annotated[
-    Path | None,
-    typer.Option("--state-dir", envvar="SERVEKEEPER_STATE_DIR", help="Where servekeeper keeps its state."),
-]
 
 
 class _PoolOrCommand(TyperGroup):
@@ -41,14 +31,6 @@ hosts_app = typer.Typer(
 )
 
 
-@contextmanager
-def _shown() -> Iterator[None]:
-    from servekeeper.cli.main import _shown_errors  # the CLI's errors and exit codes (cli.py imports this module)
-
-    with _shown_errors():
-        yield
-
-
 def _versions(host: HostCheckView) -> tuple[str, str]:
     return host.get("ray") or "-", host.get("python") or "-"
 
@@ -60,7 +42,7 @@ def list_hosts(
 ) -> None:
     """Every host with its reachability (the daemon connects to each), Ray version, and its
     capacity as used/total by the clusters placed on it (pending and draining ones included)."""
-    with _shown(), Client(state_dir) as client:
+    with common.shown_errors(), Client(state_dir) as client:
         pools = client.host_pools(pool)
         checks = {view["name"]: client.check_hosts(view["name"]) for view in pools}
     table = Table(box=None)
@@ -87,37 +69,39 @@ def list_hosts(
                 nodes = ", ".join(f"{node['cluster']} {node['role']} ({node['cpus']:g} cpu)" for node in used)
                 placed.append(f"{view['name']}/{host['name']}: {nodes}")
     if not pools:
-        console.print("no host pools; store one with: servekeeper apply -f fleet.yaml (kind: HostPool)")
+        common.console.print("no host pools; store one with: servekeeper apply -f fleet.yaml (kind: HostPool)")
         return
-    console.print(table)
+    common.console.print(table)
     for line in placed:
-        console.print(line, markup=False)
+        common.console.print(line, markup=False)
 
 
 @hosts_app.command()
 def check(pool: str, state_dir: StateDir = None) -> None:
     """Connect to each host of POOL; exit 1 if any is unreachable, refused (host key), or runs
     another Ray or Python than the controller (Ray needs one version on every node)."""
-    with _shown(), Client(state_dir) as client:
+    with common.shown_errors(), Client(state_dir) as client:
         answer = client.check_hosts(pool)
     controller = answer["controller"]
-    console.print(f"controller: Ray {controller['ray']}, Python {controller['python']}", markup=False)
+    common.console.print(f"controller: Ray {controller['ray']}, Python {controller['python']}", markup=False)
     for host in answer["hosts"]:
         ray, python = _versions(host)
         if host["ok"]:
-            console.print(f"ok      {host['name']} ({host['address']}): Ray {ray}, Python {python}", markup=False)
+            line = f"ok      {host['name']} ({host['address']}): Ray {ray}, Python {python}"
+            common.console.print(line, markup=False)
         else:
-            errors.print(f"{host['state']:<7} {host['name']} ({host['address']}): {host['problem']}", markup=False)
+            line = f"{host['state']:<7} {host['name']} ({host['address']}): {host['problem']}"
+            common.errors.print(line, markup=False)
     if not answer["ok"]:
         bad = [host["name"] for host in answer["hosts"] if not host["ok"]]
-        errors.print(f"hostpool/{pool}: {len(bad)} of {len(answer['hosts'])} hosts refused: {', '.join(bad)}")
+        common.errors.print(f"hostpool/{pool}: {len(bad)} of {len(answer['hosts'])} hosts refused: {', '.join(bad)}")
         raise typer.Exit(1)
-    console.print(f"hostpool/{pool}: all {len(answer['hosts'])} hosts match the controller")
+    common.console.print(f"hostpool/{pool}: all {len(answer['hosts'])} hosts match the controller")
 
 
 @hosts_app.command()
 def delete(pool: str, state_dir: StateDir = None) -> None:
     """Forget a host pool (its hosts are not touched)."""
-    with _shown(), Client(state_dir) as client:
+    with common.shown_errors(), Client(state_dir) as client:
         client.delete_host_pool(pool)
-    console.print(f"hostpool/{pool} deleted")
+    common.console.print(f"hostpool/{pool} deleted")

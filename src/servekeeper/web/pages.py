@@ -1,13 +1,14 @@
 """The web dashboard at `/ui`, served by the daemon on the API's port.
 
 Pages are rendered on the server with Jinja2 from the same service views the CLI prints
-(`core/views.py`) and the same rollout phase as `rollout status` (`core/rollout_view.py`); the
+(`views/service.py`) and the same rollout phase as `rollout status` (`views/rollout.py`); the
 live parts are fragments that htmx (vendored under `static/`, no build step) polls every
 second. Every `/ui` path but the login needs the session cookie (see `auth.py`); the API's
 bearer token is never accepted or needed here.
 
 The rollout buttons (promote, abort, undo) POST to `/ui/services/NAME/...` and run the same
-commands as the API (`api_rollouts.RolloutCommands`). Besides the session, a POST must carry the
+commands as the API (`commands.rollouts.RolloutCommands`); a refusal answers with the API's
+status for it (`api/errors.py`). Besides the session, a POST must carry the
 session's CSRF token in a header (htmx adds it from the page) and, when the browser says where
 it comes from (`Origin`, `Sec-Fetch-Site`), come from this origin: the session cookie is
 `SameSite=Strict`, but another port of 127.0.0.1 is the same *site*, so that alone is not enough.
@@ -26,6 +27,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from servekeeper.api.errors import detail_of, status_of
+from servekeeper.commands.errors import CommandError
 from servekeeper.views.rollout import rollout_status
 from servekeeper.web.auth import CSRF_HEADER, SESSION_COOKIE, DashboardAuth
 from servekeeper.web.charts import legend_color, line_chart
@@ -46,7 +49,7 @@ class Dashboard:
 
 
 class Commands(Protocol):
-    """The rollout commands (`api_rollouts.RolloutCommands`); a refusal is an HTTPException."""
+    """The rollout commands (`commands.rollouts.RolloutCommands`); a refusal is a CommandError."""
 
     async def promote(self, name: str, full: bool) -> dict[str, Any]: ...
 
@@ -103,6 +106,27 @@ def charts(history: StatsHistory, service: str, known: Sequence[str], now: float
     ]
 
 
+def _service_context(source: ViewSource, auth: DashboardAuth, request: Request, name: str) -> dict[str, Any]:
+    view = source.service(name)
+    if view is None:
+        raise HTTPException(status_code=404, detail=f"service {name!r} not found")
+    events = source.events(name, 40)
+    clusters = _clusters(view)
+    revisions = source.commands.history(name)["revisions"] if source.commands is not None else []
+    session_id = request.cookies.get(SESSION_COOKIE) or ""
+    return {
+        "view": view,
+        "clusters": clusters,
+        "status": rollout_status(view, events),
+        "events": list(reversed(events)),
+        "canary": (view.get("pendingCluster") or {}).get("canary"),
+        "commands": source.commands is not None,
+        "revisions": list(reversed(revisions)),  # newest first
+        "can_undo": undo_possible(view, revisions),
+        "csrf_token": auth.csrf_token(session_id) if source.commands is not None else None,
+    }
+
+
 def dashboard_router(dashboard: Dashboard, source: ViewSource, clock: Callable[[], float] = time.time) -> APIRouter:
     templates = _templates()
     auth = dashboard.auth
@@ -114,50 +138,10 @@ def dashboard_router(dashboard: Dashboard, source: ViewSource, clock: Callable[[
     router = APIRouter()
     pages = APIRouter(prefix="/ui", dependencies=[Depends(session)], default_response_class=HTMLResponse)
 
-    @router.post("/api/v1/dashboard/login-codes")
-    async def login_code() -> dict[str, Any]:
-        """A one-time code for `/ui/login` (behind the API's bearer token like every /api path)."""
-        return {"path": f"/ui/login?code={auth.new_code()}", "expiresInSeconds": auth.code_seconds}
-
-    @router.get("/ui/login", include_in_schema=False)
-    async def login(code: str = "") -> Response:
-        session_id = auth.exchange(code)
-        if session_id is None:
-            return HTMLResponse(
-                "<h1>401</h1><p>This login link is spent or expired: run <code>servekeeper dashboard</code> again.</p>",
-                status_code=401,
-                headers=NO_STORE,
-            )
-        response = RedirectResponse("/ui", status_code=303, headers=NO_STORE)
-        response.set_cookie(
-            SESSION_COOKIE,
-            session_id,
-            max_age=int(auth.session_seconds),
-            path="/ui",
-            httponly=True,
-            samesite="strict",
-        )
-        return response
+    _login_routes(router, auth)
 
     def service_context(request: Request, name: str) -> dict[str, Any]:
-        view = source.service(name)
-        if view is None:
-            raise HTTPException(status_code=404, detail=f"service {name!r} not found")
-        events = source.events(name, 40)
-        clusters = _clusters(view)
-        revisions = source.commands.history(name)["revisions"] if source.commands is not None else []
-        session_id = request.cookies.get(SESSION_COOKIE) or ""
-        return {
-            "view": view,
-            "clusters": clusters,
-            "status": rollout_status(view, events),
-            "events": list(reversed(events)),
-            "canary": (view.get("pendingCluster") or {}).get("canary"),
-            "commands": source.commands is not None,
-            "revisions": list(reversed(revisions)),  # newest first
-            "can_undo": undo_possible(view, revisions),
-            "csrf_token": auth.csrf_token(session_id) if source.commands is not None else None,
-        }
+        return _service_context(source, auth, request, name)
 
     @pages.get("", include_in_schema=False)
     async def services_page(request: Request) -> Response:
@@ -194,6 +178,35 @@ def dashboard_router(dashboard: Dashboard, source: ViewSource, clock: Callable[[
     return router
 
 
+def _login_routes(router: APIRouter, auth: DashboardAuth) -> None:
+    """The one-time login code (behind the API token) and its exchange for a session cookie."""
+
+    @router.post("/api/v1/dashboard/login-codes")
+    async def login_code() -> dict[str, Any]:
+        """A one-time code for `/ui/login` (behind the API's bearer token like every /api path)."""
+        return {"path": f"/ui/login?code={auth.new_code()}", "expiresInSeconds": auth.code_seconds}
+
+    @router.get("/ui/login", include_in_schema=False)
+    async def login(code: str = "") -> Response:
+        session_id = auth.exchange(code)
+        if session_id is None:
+            return HTMLResponse(
+                "<h1>401</h1><p>This login link is spent or expired: run <code>servekeeper dashboard</code> again.</p>",
+                status_code=401,
+                headers=NO_STORE,
+            )
+        response = RedirectResponse("/ui", status_code=303, headers=NO_STORE)
+        response.set_cookie(
+            SESSION_COOKIE,
+            session_id,
+            max_age=int(auth.session_seconds),
+            path="/ui",
+            httponly=True,
+            samesite="strict",
+        )
+        return response
+
+
 def _command_routes(pages: APIRouter, templates: Jinja2Templates, auth: DashboardAuth, commands: Commands) -> None:
     """POST routes of the rollout buttons; each answers a fragment saying what was done (or why not)."""
 
@@ -212,10 +225,10 @@ def _command_routes(pages: APIRouter, templates: Jinja2Templates, auth: Dashboar
     ) -> Response:
         try:
             result = await command
-        except HTTPException as exc:  # refused (409 nothing to promote, ...): say why, change nothing
-            context = {"ok": False, "message": str(exc.detail)}
+        except CommandError as exc:  # refused (409 nothing to promote, ...): say why, change nothing
+            context = {"ok": False, "message": str(detail_of(exc))}
             return templates.TemplateResponse(
-                request, "_action.html", context, status_code=exc.status_code, headers=NO_STORE
+                request, "_action.html", context, status_code=status_of(exc), headers=NO_STORE
             )
         return templates.TemplateResponse(
             request, "_action.html", {"ok": True, "message": done(result)}, headers=NO_STORE
