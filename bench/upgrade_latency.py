@@ -22,8 +22,9 @@ import aiohttp
 
 from bench.loadgen import exit_cleanly_on_sigterm
 from servekeeper.core.serve_config import build_serve_config
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.records import ClusterRecord
 from servekeeper.model.spec import parse_spec
-from servekeeper.model.status import ClusterRecord, ClusterRole
 from servekeeper.providers.local import LocalProvider
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.rayapi.serve_api import RetryableServeError, ServeClient

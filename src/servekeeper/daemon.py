@@ -30,11 +30,11 @@ from servekeeper.api.app import build_app
 from servekeeper.api.metrics import add_metrics_route, build_metrics_app
 from servekeeper.client import default_state_dir as default_state_dir  # re-exported: the client
 from servekeeper.client import read_api_info as read_api_info  # reads what the daemon writes
-from servekeeper.controller.hooks import hooks_from_environment
+from servekeeper.controller.faults import hooks_from_environment
 from servekeeper.controller.loop import Controller
 from servekeeper.controller.metrics import ControllerMetrics, Metrics
 from servekeeper.dataplane import DataPlane, DataPlaneError
-from servekeeper.model.status import SwitchGate
+from servekeeper.model.enums import SwitchGate
 from servekeeper.providers.local import LocalProvider
 from servekeeper.providers.pool import PoolClusters
 from servekeeper.providers.ports import PortAllocator

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from servekeeper.controller.hooks import CRASH_POINTS
+from servekeeper.core.hooks import CRASH_POINTS
 from servekeeper.providers.ports import port_is_free
 from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, pid_alive, wait_until
 from servekeeper.testing.load import Load

@@ -13,7 +13,8 @@ from typing import Any
 from servekeeper.core.health import parse_applications
 from servekeeper.dataplane import DataPlaneError, Endpoint, RouteObservation, ServiceRoute
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
-from servekeeper.model.status import AppState, ClusterRecord
+from servekeeper.model.observation import AppState
+from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import ClusterRecords, Liveness, RecordChanges
 from servekeeper.providers.local import process_liveness, store_with_local_ports
 from servekeeper.rayapi.package import Package

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import asyncssh
 
 from servekeeper.model.hostpool import HostSpec
-from servekeeper.model.status import NodePorts
+from servekeeper.model.records import NodePorts
 from servekeeper.providers.node_argv import RemoteNode, cluster_dir
 from servekeeper.providers.ssh import HostUnreachable, SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes

@@ -22,8 +22,9 @@ import pytest
 import uvicorn
 
 from servekeeper.api.app import build_app
+from servekeeper.model.enums import ConditionType
+from servekeeper.model.records import Condition
 from servekeeper.model.spec import parse_spec
-from servekeeper.model.status import Condition, ConditionType
 from servekeeper.store.store import Store
 from tests.unit.test_api import SPEC, TOKEN
 

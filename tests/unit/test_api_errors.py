@@ -9,9 +9,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from servekeeper.api.errors import add_error_handler, detail_of, status_of
+from servekeeper.api.errors import add_error_handler
 from servekeeper.client import Client, Conflict, RevisionNotFound, ServiceNotFound, SpecInvalid
 from servekeeper.commands import errors
+from servekeeper.commands.errors import detail_of, status_of
 from tests.unit.test_client import through
 
 CASES = [

@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 from servekeeper.api.app import build_app
 from servekeeper.client import AsyncClient, Client, Conflict, ServiceNotFound, SpecInvalid
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
-from servekeeper.model.status import ClusterPorts, ClusterRecord, ClusterRole, NodePlacement, NodePorts
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.records import ClusterPorts, ClusterRecord, NodePlacement, NodePorts
 from servekeeper.store.store import Store
 from tests.unit.test_client import TOKEN, URL, FakeController, through
 from tests.unit.test_hostpool import VALID

@@ -10,15 +10,10 @@ import pytest
 from servekeeper.core import actions as act
 from servekeeper.core.analysis import analyse, difference, p99_ms
 from servekeeper.core.planner import plan
+from servekeeper.model.enums import AppStatus, ClusterRole
+from servekeeper.model.observation import BackendCounters, ClusterObservation
+from servekeeper.model.records import CanaryState, ClusterRecord
 from servekeeper.model.spec import AnalysisSpec, ServiceSpec, SpecError, parse_spec
-from servekeeper.model.status import (
-    AppStatus,
-    BackendCounters,
-    CanaryState,
-    ClusterObservation,
-    ClusterRecord,
-    ClusterRole,
-)
 from servekeeper.testing.sim import SimWorld
 from tests.unit.test_planner import make_spec
 

@@ -17,7 +17,7 @@ from servekeeper import AsyncClient, Client, Conflict, RevisionNotFound, Service
 from servekeeper.api.app import build_app
 from servekeeper.cli import common as cli_common
 from servekeeper.cli import main as cli_module
-from servekeeper.model.status import AnalysisFigures, CanaryState, ClusterRecord
+from servekeeper.model.records import AnalysisFigures, CanaryState, ClusterRecord
 from servekeeper.store.store import Store
 from tests.unit.test_client import TOKEN, URL, FakeController, document, through
 from tests.unit.test_store import cluster

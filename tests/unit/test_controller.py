@@ -19,19 +19,14 @@ import aiohttp
 import pytest
 
 from servekeeper.controller import loop as controller_module
-from servekeeper.controller.hooks import (
-    CRASH_ENV,
-    CRASH_POINTS,
-    FAIL_PUTS_ENV,
-    Hooks,
-    InjectedFaults,
-    hooks_from_environment,
-)
+from servekeeper.controller.faults import CRASH_ENV, FAIL_PUTS_ENV, InjectedFaults, hooks_from_environment
 from servekeeper.controller.loop import PENDING_TICK_SECONDS, Controller
+from servekeeper.core.hooks import CRASH_POINTS, Hooks
 from servekeeper.core.serve_config import desired_config_hash
 from servekeeper.dataplane import Backend, DataPlaneError, Endpoint
+from servekeeper.model.enums import ClusterRole, ConditionType
+from servekeeper.model.records import ClusterRecord, Event, ServiceRecord
 from servekeeper.model.spec import ServiceSpec, parse_spec
-from servekeeper.model.status import ClusterRecord, ClusterRole, ConditionType, Event, ServiceRecord
 from servekeeper.rayapi.serve_api import PermanentServeError, RetryableServeError
 from servekeeper.store.store import Store
 from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe

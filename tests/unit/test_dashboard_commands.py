@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from servekeeper.api.app import build_app
-from servekeeper.model.status import AnalysisFigures, CanaryState
+from servekeeper.model.records import AnalysisFigures, CanaryState
 from servekeeper.store.store import Store
 from servekeeper.web.auth import CSRF_HEADER, DashboardAuth
 from servekeeper.web.pages import Dashboard

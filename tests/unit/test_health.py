@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from servekeeper.core.health import health, parse_applications, readiness, switch_allowed
-from servekeeper.model.status import ClusterObservation, SwitchGate
+from servekeeper.model.enums import SwitchGate
+from servekeeper.model.observation import ClusterObservation
 
 DECLARED = {"router": "/router", "models": "/models"}
 

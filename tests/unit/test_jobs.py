@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
-from servekeeper.model.status import ClusterRole, NodePlacement
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.records import NodePlacement
 from servekeeper.providers.cluster_token import save_cluster_token, token_dir
 from servekeeper.rayapi.jobs import NoSuchCluster, env_lines, pool_access, submit_job
 from servekeeper.views.service import cluster_view

@@ -14,7 +14,8 @@ import yaml
 
 from servekeeper.kuberay.notes import NoteKind
 from servekeeper.kuberay.quantity import parse_duration_seconds, quantity_value
-from servekeeper.kuberay.translate import ImportResult, import_documents, is_kuberay
+from servekeeper.kuberay.translate import ImportResult, import_documents
+from servekeeper.model.documents import is_kuberay
 from servekeeper.model.spec import SpecError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kuberay"

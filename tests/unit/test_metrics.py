@@ -22,8 +22,8 @@ from servekeeper.controller.loop import Controller
 from servekeeper.controller.metrics import ControllerMetrics, Metrics, applied_at, record_applied
 from servekeeper.daemon import JsonLogFormatter
 from servekeeper.dataplane import BackendStats, DataPlaneError, RouteObservation
+from servekeeper.model.enums import ClusterRole
 from servekeeper.model.spec import ServiceSpec, parse_spec
-from servekeeper.model.status import ClusterRole
 from servekeeper.store.store import Store
 from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe
 

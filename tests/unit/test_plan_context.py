@@ -13,18 +13,10 @@ from servekeeper.core.planner import PlanContext, plan, run
 from servekeeper.core.planner.active import track_health
 from servekeeper.core.planner.traffic import MIN_DRAIN_SECONDS, desired_route, drain, retire, switch_all_traffic
 from servekeeper.core.planner.workers import MAX_WORKER_RESTARTS, restart_workers
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.observation import ClusterObservation, IngressRouteObservation, Observation
+from servekeeper.model.records import ClusterPorts, ClusterRecord, NodePlacement, NodePorts, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import (
-    ClusterObservation,
-    ClusterPorts,
-    ClusterRecord,
-    ClusterRole,
-    IngressRouteObservation,
-    NodePlacement,
-    NodePorts,
-    Observation,
-    ServiceRecord,
-)
 from tests.unit.test_planner import make_spec
 
 NOW = 1000.0

@@ -8,18 +8,10 @@ import pytest
 
 from servekeeper.core import actions as act
 from servekeeper.core.planner import MAX_WORKER_RESTARTS, plan
+from servekeeper.model.enums import AppSource, AppStatus, ClusterRole, SwitchGate
+from servekeeper.model.observation import AppState, IngressRouteObservation, Observation
+from servekeeper.model.records import NodePlacement, NodePorts
 from servekeeper.model.spec import ServiceSpec, parse_spec
-from servekeeper.model.status import (
-    AppSource,
-    AppState,
-    AppStatus,
-    ClusterRole,
-    IngressRouteObservation,
-    NodePlacement,
-    NodePorts,
-    Observation,
-    SwitchGate,
-)
 from servekeeper.testing.sim import SimCluster, SimWorld
 
 

@@ -17,8 +17,9 @@ import pytest
 from servekeeper.commands.hosts import usage
 from servekeeper.controller.loop import Controller
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.enums import ClusterRole
 from servekeeper.model.hostpool import parse_host_pool
-from servekeeper.model.status import ClusterRecord, ClusterRole, NodePlacement
+from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.cluster_token import read_cluster_token
 from servekeeper.providers.pool import PoolClusters
 from servekeeper.providers.pool_placement import Shortfall

@@ -12,8 +12,9 @@ import pytest
 
 from servekeeper.dataplane import Endpoint
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.enums import ClusterRole
 from servekeeper.model.hostpool import parse_host_pool
-from servekeeper.model.status import ClusterRecord, ClusterRole
+from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import (
     ClusterProvider,
     ClusterRecords,

@@ -9,8 +9,9 @@ import pytest
 from aiohttp import web
 
 from servekeeper.core.serve_config import build_serve_config
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.records import ClusterPorts, ClusterRecord, NodePorts
 from servekeeper.model.spec import parse_spec
-from servekeeper.model.status import ClusterPorts, ClusterRecord, ClusterRole, NodePorts
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.rayapi.package import Package, build_package
 from servekeeper.rayapi.serve_api import PermanentServeError, RetryableServeError, ServeClient

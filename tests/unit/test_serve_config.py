@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from servekeeper.core.serve_config import config_deployed, package_hash_of
-from servekeeper.model.status import AppSource, AppState, AppStatus
+from servekeeper.model.enums import AppSource, AppStatus
+from servekeeper.model.observation import AppState
 
 
 def app(name: str = "a", **args: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import asyncssh
 import pytest
 
 from servekeeper.model.hostpool import HostSpec, parse_host_pool
-from servekeeper.model.status import NodePorts
+from servekeeper.model.records import NodePorts
 from servekeeper.providers.cluster_token import new_cluster_token, read_cluster_token, save_cluster_token
 from servekeeper.providers.node_argv import HeadPorts, RemoteNode, cluster_dir, head_argv, worker_argv
 from servekeeper.providers.ssh import (

@@ -12,16 +12,8 @@ from typing import Any
 
 import pytest
 
-from servekeeper.model.status import (
-    ClusterPorts,
-    ClusterRecord,
-    ClusterRole,
-    Condition,
-    ConditionType,
-    Event,
-    NodePorts,
-    ServiceRecord,
-)
+from servekeeper.model.enums import ClusterRole, ConditionType
+from servekeeper.model.records import ClusterPorts, ClusterRecord, Condition, Event, NodePorts, ServiceRecord
 from servekeeper.store.schema import MIGRATIONS, SCHEMA_VERSION
 from servekeeper.store.store import Store, StoreError
 

@@ -22,26 +22,19 @@ from typing_extensions import get_type_hints, is_typeddict
 from servekeeper.client import Client
 from servekeeper.kuberay.translate import import_documents
 from servekeeper.model import wire
-from servekeeper.model.spec import parse_spec
-from servekeeper.model.status import (
+from servekeeper.model.enums import AppSource, AppStatus, ClusterRole, ConditionType
+from servekeeper.model.observation import AppState, ClusterObservation, IngressRouteObservation, Observation, ProbeState
+from servekeeper.model.records import (
     AnalysisFigures,
-    AppSource,
-    AppState,
-    AppStatus,
     CanaryState,
-    ClusterObservation,
     ClusterPorts,
     ClusterRecord,
-    ClusterRole,
     Condition,
-    ConditionType,
     Event,
-    IngressRouteObservation,
     NodePorts,
-    Observation,
-    ProbeState,
     ServiceRecord,
 )
+from servekeeper.model.spec import parse_spec
 from servekeeper.model.wire import ClusterView, EventView, ServiceView
 from servekeeper.views.service import event_view, service_view
 from tests.unit.test_api_hosts import local_pool

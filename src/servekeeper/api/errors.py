@@ -1,32 +1,12 @@
-"""The one place where a command's refusal becomes an HTTP answer: its status, and its `detail`
-shaped as the client reads it (a message; for an invalid request, `{"problems": [...]}`)."""
+"""Where a command's refusal becomes the API's HTTP answer: the status and `detail` that
+commands/errors.py gives each kind of refusal, shaped as the client reads it."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from servekeeper.commands.errors import CommandError, Conflict, Invalid, NotFound
-
-BAD_REQUEST = 400
-
-
-def status_of(error: CommandError) -> int:
-    if isinstance(error, NotFound):
-        return 404
-    if isinstance(error, Conflict):
-        return 409
-    if isinstance(error, Invalid):
-        return 422
-    return BAD_REQUEST
-
-
-def detail_of(error: CommandError) -> str | dict[str, Any]:
-    if isinstance(error, Invalid):
-        return {"problems": error.problems}
-    return error.message
+from servekeeper.commands.errors import CommandError, detail_of, status_of
 
 
 def add_error_handler(app: FastAPI) -> None:

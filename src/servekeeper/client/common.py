@@ -28,7 +28,7 @@ from servekeeper.client.errors import (
     SpecInvalid,
     Unauthorized,
 )
-from servekeeper.kuberay.translate import is_kuberay
+from servekeeper.model.documents import is_kuberay
 from servekeeper.model.hostpool import is_host_pool, parse_host_pool, read_single_document
 from servekeeper.model.spec import MAX_SPEC_BYTES, ServiceSpec, SpecError, load_spec_file
 from servekeeper.model.wire import EventView, HostPoolView, RevisionView, ServiceView, condition, is_true

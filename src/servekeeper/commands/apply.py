@@ -16,9 +16,10 @@ from servekeeper.commands.services import IMPORT_FACT, ray_version
 from servekeeper.controller.metrics import record_applied
 from servekeeper.core.placement import insufficient_capacity
 from servekeeper.core.serve_config import package_hash_of
-from servekeeper.kuberay.translate import ImportResult, import_documents, is_kuberay, kuberay_path
+from servekeeper.kuberay.translate import ImportResult, import_documents, kuberay_path
+from servekeeper.model.documents import is_kuberay
+from servekeeper.model.records import ServiceRecord
 from servekeeper.model.spec import ServiceSpec, SpecError, parse_spec
-from servekeeper.model.status import ServiceRecord
 from servekeeper.providers.machine import machine_capacity
 from servekeeper.providers.pool import pool_problems
 from servekeeper.rayapi.package import PackageError, package_for_spec, prune_packages

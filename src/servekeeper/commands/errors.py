@@ -1,9 +1,13 @@
-"""What a command raises when it refuses: nothing has changed. The transports map each kind once
-(the API to an HTTP status in `api/errors.py`, the dashboard through the same mapping)."""
+"""What a command raises when it refuses: nothing has changed.
+
+Each kind carries its HTTP meaning here, once (as Kubernetes' API errors carry their status
+code): the API (`api/errors.py`) and the dashboard answer with `status_of` and `detail_of`, so
+neither transport imports the other."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 class CommandError(Exception):
@@ -50,3 +54,22 @@ class Invalid(CommandError):
 
 class InvalidSpec(Invalid):
     """The spec (or KubeRay manifest) cannot be applied: invalid, unplaceable, or a port taken."""
+
+
+BAD_REQUEST = 400
+
+
+def status_of(error: CommandError) -> int:
+    if isinstance(error, NotFound):
+        return 404
+    if isinstance(error, Conflict):
+        return 409
+    if isinstance(error, Invalid):
+        return 422
+    return BAD_REQUEST
+
+
+def detail_of(error: CommandError) -> str | dict[str, Any]:
+    if isinstance(error, Invalid):
+        return {"problems": error.problems}
+    return error.message

@@ -12,8 +12,8 @@ from typing import Any
 from servekeeper.commands.apply import check_ports_free, store_spec
 from servekeeper.commands.context import CommandContext
 from servekeeper.commands.errors import Conflict, RevisionNotFound, ServiceNotFound
+from servekeeper.model.records import Revision
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import Revision
 
 SUCCEEDED = "Succeeded"
 

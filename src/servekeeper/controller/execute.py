@@ -12,17 +12,18 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from servekeeper.controller.hooks import Hooks
 from servekeeper.controller.metrics import ControllerMetrics
 from servekeeper.controller.observe import DataPlanePort, Packages, SubmittedDocuments
 from servekeeper.controller.probes import ProbeRunner
 from servekeeper.controller.submit import ConfigSubmissions, StopTick, TickOutcome
 from servekeeper.core import actions as act
+from servekeeper.core.hooks import Hooks
 from servekeeper.core.serve_config import package_hash_of
 from servekeeper.dataplane import Backend, DataPlaneError, ServiceRoute
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.records import ClusterPorts, ClusterRecord, Event, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import ClusterPorts, ClusterRecord, ClusterRole, Event, ServiceRecord
 from servekeeper.providers.base import ClusterProvider, ProviderError, RetryableProviderError
 from servekeeper.rayapi.serve_api import ServeClient
 from servekeeper.store.store import Store

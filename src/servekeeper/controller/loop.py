@@ -18,18 +18,21 @@ from typing import Any
 import aiohttp
 
 from servekeeper.controller.execute import Executor
-from servekeeper.controller.hooks import Hooks
 from servekeeper.controller.metrics import ControllerMetrics
 from servekeeper.controller.observe import DataPlanePort, Observer, Packages, SubmittedDocuments
 from servekeeper.controller.probes import ProbeRunner
 from servekeeper.controller.submit import StopTick, TickOutcome
 from servekeeper.core import actions as act
+from servekeeper.core.hooks import Hooks
 from servekeeper.core.planner import plan
+from servekeeper.model.enums import ClusterRole, ConditionType, SwitchGate
+from servekeeper.model.observation import Observation
+from servekeeper.model.records import ServiceRecord
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import ClusterRole, ConditionType, Observation, ServiceRecord, SwitchGate
 from servekeeper.providers.base import ClusterProvider
 from servekeeper.rayapi.serve_api import ServeClient
-from servekeeper.store.store import PROGRESSING, Store
+from servekeeper.store.revisions import PROGRESSING
+from servekeeper.store.store import Store
 
 logger = logging.getLogger(__name__)
 

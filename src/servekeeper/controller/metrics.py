@@ -23,7 +23,9 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from servekeeper.dataplane.model import BackendStats, DataPlaneError, RouteObservation
-from servekeeper.model.status import ConditionType, Event, IngressRouteObservation, Observation, ServiceRecord
+from servekeeper.model.enums import ConditionType
+from servekeeper.model.observation import IngressRouteObservation, Observation
+from servekeeper.model.records import Event, ServiceRecord
 from servekeeper.store.store import Store
 
 logger = logging.getLogger(__name__)

@@ -13,16 +13,10 @@ from typing import Any, Protocol
 from servekeeper.controller.probes import ProbeRunner
 from servekeeper.core.serve_config import build_serve_config, config_deployed, desired_config_hash
 from servekeeper.dataplane import BackendStats, DataPlaneError, RouteObservation, ServiceRoute
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.observation import BackendCounters, ClusterObservation, IngressRouteObservation, Observation
+from servekeeper.model.records import ClusterRecord, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import (
-    BackendCounters,
-    ClusterObservation,
-    ClusterRecord,
-    ClusterRole,
-    IngressRouteObservation,
-    Observation,
-    ServiceRecord,
-)
 from servekeeper.providers.base import ClusterProvider, headers_kwargs
 from servekeeper.rayapi.package import Package
 from servekeeper.rayapi.serve_api import PermanentServeError, RetryableServeError, ServeClient

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from servekeeper.core.health import probe_result
+from servekeeper.model.observation import ProbeState
 from servekeeper.model.spec import ProbeSpec
-from servekeeper.model.status import ProbeState
 
 logger = logging.getLogger(__name__)
 

@@ -9,13 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from servekeeper.controller.hooks import Hooks
 from servekeeper.controller.metrics import ControllerMetrics
 from servekeeper.controller.observe import Packages, SubmittedDocuments
 from servekeeper.core import actions as act
+from servekeeper.core.hooks import Hooks
 from servekeeper.core.serve_config import build_serve_config, package_hash_of
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.records import ClusterRecord, Event, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import ClusterRecord, ClusterRole, Event, ServiceRecord
 from servekeeper.providers.base import ClusterProvider, headers_kwargs
 from servekeeper.rayapi.package import Package
 from servekeeper.rayapi.serve_api import PermanentServeError, RetryableServeError, ServeClient

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from servekeeper.model.status import ClusterRole
+from servekeeper.model.enums import ClusterRole
 
 
 @dataclass(frozen=True)

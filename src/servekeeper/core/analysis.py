@@ -7,8 +7,9 @@ restarted (its counters start again at 0), and that interval is inconclusive, ne
 
 from __future__ import annotations
 
+from servekeeper.model.observation import BackendCounters
+from servekeeper.model.records import AnalysisFigures
 from servekeeper.model.spec import AnalysisSpec
-from servekeeper.model.status import AnalysisFigures, BackendCounters
 
 PASSED = "passed"
 FAILED = "failed"

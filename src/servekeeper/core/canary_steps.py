@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servekeeper.core.analysis import FAILED, INCONCLUSIVE, PASSED, analyse, describe, difference
+from servekeeper.model.observation import BackendCounters
+from servekeeper.model.records import CanaryState
 from servekeeper.model.spec import CanarySpec
-from servekeeper.model.status import BackendCounters, CanaryState
 
 CONTINUE = "continue"
 PROMOTE = "promote"  # every step done (or `promote --full`): all traffic to the canary

@@ -9,14 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from servekeeper.model.status import (
-    FAILED_APP_STATUSES,
-    AppSource,
-    AppState,
-    AppStatus,
-    ClusterObservation,
-    SwitchGate,
-)
+from servekeeper.model.enums import FAILED_APP_STATUSES, AppSource, AppStatus, SwitchGate
+from servekeeper.model.observation import AppState, ClusterObservation
 
 
 def parse_applications(serve_status: dict[str, Any]) -> dict[str, AppState]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import ClusterRecord, NodePlacement
 
 
 @dataclass(frozen=True)

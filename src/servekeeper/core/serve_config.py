@@ -8,8 +8,10 @@ import json
 import re
 from typing import Any
 
+from servekeeper.model.enums import AppSource, AppStatus
+from servekeeper.model.observation import AppState
+from servekeeper.model.records import ClusterRecord
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import AppSource, AppState, AppStatus, ClusterRecord
 
 
 def desired_config_hash(spec: ServiceSpec, package_hash: str | None) -> str:

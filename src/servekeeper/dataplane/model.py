@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from servekeeper.model.status import IngressRouteObservation
+from servekeeper.model.observation import IngressRouteObservation
 
 # Names end up inside Envoy cluster names and stat names ("cluster.<name>.upstream_rq_active"):
 # a dot or colon there would make the stat names ambiguous, so only a safe alphabet is accepted.

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-KUBERAY_API_VERSIONS = ("ray.io/v1", "ray.io/v1alpha1")
 INGRESS_PORT_ANNOTATION = "servekeeper.io/ingress-port"
 EXTENSIONS_ANNOTATION = "servekeeper.io/extensions"
 INITIALIZING_TIMEOUT_ANNOTATION = "ray.io/initializing-timeout"

@@ -26,12 +26,12 @@ from servekeeper.kuberay.fields import (
     IGNORED_SPEC_FIELDS,
     INGRESS_PORT_ANNOTATION,
     INITIALIZING_TIMEOUT_ANNOTATION,
-    KUBERAY_API_VERSIONS,
     REFUSED_CLUSTER_FIELDS,
     as_mapping,
 )
 from servekeeper.kuberay.notes import Findings, Note, NoteKind, SecretRef
 from servekeeper.kuberay.quantity import QuantityError, parse_duration_seconds
+from servekeeper.model.documents import KUBERAY_API_VERSIONS
 from servekeeper.model.spec import ServiceSpec, SpecError, parse_spec
 
 
@@ -42,10 +42,6 @@ class ImportResult:
     secret_refs: tuple[SecretRef, ...]
     source: str  # e.g. "ray.io/v1 RayService"
 
-
-def is_kuberay(documents: list[Any]) -> bool:
-    """Is this (multi-document) file a KubeRay manifest rather than a servekeeper spec?"""
-    return any(isinstance(d, dict) and d.get("apiVersion") in KUBERAY_API_VERSIONS for d in documents)
 
 
 def import_documents(

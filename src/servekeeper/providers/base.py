@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Protocol
 
 from servekeeper.dataplane import Endpoint
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
-from servekeeper.model.status import ClusterRecord
+from servekeeper.model.records import ClusterRecord
 
 
 class ProviderError(RuntimeError):

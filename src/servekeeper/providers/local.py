@@ -23,10 +23,10 @@ from typing import Protocol
 
 import psutil
 
-from servekeeper.controller.hooks import Hooks
+from servekeeper.core.hooks import Hooks
 from servekeeper.dataplane import Endpoint
 from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
-from servekeeper.model.status import ClusterRecord
+from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import ClusterRecords, Liveness, ProviderError, RecordChanges
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.ray_start import node_port_args, param_args, resource_args

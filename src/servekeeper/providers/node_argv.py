@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from servekeeper.model.hostpool import HostSpec
-from servekeeper.model.status import NodePlacement, NodePorts
+from servekeeper.model.records import NodePlacement, NodePorts
 from servekeeper.providers.ray_start import node_port_args
 
 

@@ -22,8 +22,9 @@ from typing import Any, Literal, TypeVar
 from servekeeper.core.placement import free_room, node_needs, place
 from servekeeper.dataplane import Endpoint
 from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec
+from servekeeper.model.enums import ClusterRole
 from servekeeper.model.hostpool import HostPoolSpec, HostSpec
-from servekeeper.model.status import ClusterRecord, ClusterRole, NodePlacement
+from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.base import (
     ClusterRecords,
     Liveness,

@@ -12,7 +12,7 @@ import asyncio
 from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, nodes_taking_room, place
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import HostPoolSpec
-from servekeeper.model.status import ClusterPorts, ClusterRecord, NodePlacement
+from servekeeper.model.records import ClusterPorts, ClusterRecord, NodePlacement
 from servekeeper.providers.base import PermanentProviderError, RetryableProviderError
 from servekeeper.providers.node_argv import cluster_dir
 from servekeeper.providers.ssh import CommandTimeout, SshError

@@ -12,7 +12,7 @@ import random
 import socket
 from collections.abc import Iterable
 
-from servekeeper.model.status import ClusterPorts, NodePorts
+from servekeeper.model.records import ClusterPorts, NodePorts
 
 PORT_LOW = 20000
 PORT_HIGH = 32767

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from servekeeper.model.cluster_spec import HeadGroupSpec
-from servekeeper.model.status import NodePorts
+from servekeeper.model.records import NodePorts
 
 
 def param_args(params: dict[str, str | int | float | bool]) -> list[str]:

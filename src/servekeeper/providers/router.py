@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from servekeeper.dataplane import Endpoint
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
-from servekeeper.model.status import ClusterRecord
+from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import ClusterProvider, ClusterRecords, Liveness, RecordChanges
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from servekeeper.model.hostpool import HostSpec
-from servekeeper.model.status import NodePorts
+from servekeeper.model.records import NodePorts
 from servekeeper.providers.base import ProviderError
 from servekeeper.providers.node_argv import RemoteNode, cluster_dir
 from servekeeper.providers.ports import PORT_HIGH, PORT_LOW, WORKER_PORTS_PER_NODE

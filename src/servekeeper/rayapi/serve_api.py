@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from servekeeper.core.health import parse_applications
-from servekeeper.model.status import AppState
+from servekeeper.model.observation import AppState
 from servekeeper.rayapi.package import Package
 
 APPLICATIONS_PATH = "/api/serve/applications/"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from servekeeper.model.status import ClusterRecord, ClusterRole
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.records import ClusterRecord
 from servekeeper.store.rows import cluster_from_row, cluster_row, insert_or_replace
 
 

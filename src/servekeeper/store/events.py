@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from servekeeper.model.status import Event
+from servekeeper.model.records import Event
 from servekeeper.store.rows import event_from_row
 
 EVENTS_KEPT_PER_SERVICE = 500

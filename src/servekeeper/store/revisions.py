@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 
-from servekeeper.model.status import Revision, ServiceRecord
+from servekeeper.model.records import Revision, ServiceRecord
 from servekeeper.store.rows import revision_from_row, rows_changed
 
 PROGRESSING = "Progressing"  # a revision's outcome while it rolls out

@@ -12,12 +12,12 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
+from servekeeper.model.enums import ClusterRole
 from servekeeper.model.hostpool import HostPoolRecord
-from servekeeper.model.status import (
+from servekeeper.model.records import (
     CanaryState,
     ClusterPorts,
     ClusterRecord,
-    ClusterRole,
     Condition,
     Event,
     NodePlacement,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from servekeeper.model.status import ServiceRecord
+from servekeeper.model.records import ServiceRecord
 from servekeeper.store.revisions import add_revision, forget_revisions
 from servekeeper.store.rows import insert_or_replace, rows_changed, service_from_row, service_row
 

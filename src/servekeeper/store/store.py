@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from servekeeper.model.hostpool import HostPoolRecord
-from servekeeper.model.status import ClusterRecord, Event, Revision, ServiceRecord
+from servekeeper.model.records import ClusterRecord, Event, Revision, ServiceRecord
 from servekeeper.store import clusters, facts, host_pools, revisions, services, submissions
 from servekeeper.store import events as event_log
-from servekeeper.store.revisions import PROGRESSING as PROGRESSING  # controller/loop.py imports it from here
 from servekeeper.store.schema import MIGRATIONS, SCHEMA_VERSION, apply_migration, schema_version
 from servekeeper.store.transaction import Transaction
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from servekeeper.model.status import ClusterRecord, ServiceRecord
+from servekeeper.model.records import ClusterRecord, ServiceRecord
 from servekeeper.store import clusters, revisions, services
 from servekeeper.store.rows import rows_changed
 

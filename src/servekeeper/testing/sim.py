@@ -13,24 +13,17 @@ from dataclasses import dataclass, field, replace
 
 from servekeeper.core import actions as act
 from servekeeper.core.planner import Plan, plan
-from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import (
-    AppSource,
+from servekeeper.model.enums import AppSource, AppStatus, ClusterRole, SwitchGate
+from servekeeper.model.observation import (
     AppState,
-    AppStatus,
     BackendCounters,
     ClusterObservation,
-    ClusterPorts,
-    ClusterRecord,
-    ClusterRole,
-    Event,
     IngressRouteObservation,
-    NodePorts,
     Observation,
     ProbeState,
-    ServiceRecord,
-    SwitchGate,
 )
+from servekeeper.model.records import ClusterPorts, ClusterRecord, Event, NodePorts, ServiceRecord
+from servekeeper.model.spec import ServiceSpec
 
 _BUCKETS_MS = (0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)  # Envoy's defaults
 _NODE = NodePorts(1, 2, 3, 4, 5, 6, 7, 8)

@@ -4,19 +4,10 @@ from __future__ import annotations
 
 from servekeeper.core import canary_steps
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.observation import AppState, Observation, ProbeState
+from servekeeper.model.records import AnalysisFigures, CanaryState, ClusterRecord, Condition, Event, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import (
-    AnalysisFigures,
-    AppState,
-    CanaryState,
-    ClusterRecord,
-    ClusterRole,
-    Condition,
-    Event,
-    Observation,
-    ProbeState,
-    ServiceRecord,
-)
 from servekeeper.model.wire import (
     AnalysisView,
     AppView,

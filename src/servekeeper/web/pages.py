@@ -27,8 +27,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from servekeeper.api.errors import detail_of, status_of
-from servekeeper.commands.errors import CommandError
+from servekeeper.commands.errors import CommandError, detail_of, status_of
 from servekeeper.views.rollout import rollout_status
 from servekeeper.web.auth import CSRF_HEADER, SESSION_COOKIE, DashboardAuth
 from servekeeper.web.charts import legend_color, line_chart

@@ -20,8 +20,10 @@ from servekeeper.core.planner.pending import advance_pending
 from servekeeper.core.planner.serve import record_deployed_configs
 from servekeeper.core.planner.traffic import delete_service, drain, finish_acknowledged_switch, maintain_route
 from servekeeper.core.planner.workers import MAX_WORKER_RESTARTS, restart_interrupted_work
+from servekeeper.model.enums import ClusterRole, SwitchGate
+from servekeeper.model.observation import Observation
+from servekeeper.model.records import ClusterRecord, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import ClusterRecord, ClusterRole, Observation, ServiceRecord, SwitchGate
 
 __all__ = ["MAX_WORKER_RESTARTS", "Plan", "PlanContext", "plan", "run"]
 

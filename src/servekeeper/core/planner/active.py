@@ -10,7 +10,9 @@ from servekeeper.core.planner.context import PlanContext
 from servekeeper.core.planner.serve import apply_config, scale, submit
 from servekeeper.core.planner.traffic import route_as_planned
 from servekeeper.core.planner.workers import restart_workers
-from servekeeper.model.status import FAILED_APP_STATUSES, ClusterObservation, ClusterRecord, ClusterRole
+from servekeeper.model.enums import FAILED_APP_STATUSES, ClusterRole
+from servekeeper.model.observation import ClusterObservation
+from servekeeper.model.records import ClusterRecord
 
 
 def maintain_active(ctx: PlanContext) -> None:

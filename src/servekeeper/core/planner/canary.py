@@ -11,8 +11,8 @@ from servekeeper.core.planner.context import PlanContext
 from servekeeper.core.planner.failure import fail_rollout
 from servekeeper.core.planner.serve import scale
 from servekeeper.core.planner.traffic import desired_route, switch_all_traffic
+from servekeeper.model.records import CanaryState, ClusterRecord
 from servekeeper.model.spec import CanarySpec
-from servekeeper.model.status import CanaryState, ClusterRecord
 
 
 def canary_applies(ctx: PlanContext, pending: ClusterRecord, active: ClusterRecord) -> bool:

@@ -13,18 +13,10 @@ from dataclasses import dataclass, field
 from servekeeper.core.actions import Action, CreateCluster, DeleteCluster, UpdateCluster
 from servekeeper.core.health import Verdict, judged_apps, switch_allowed
 from servekeeper.core.serve_config import desired_config_hash
+from servekeeper.model.enums import AppStatus, ClusterRole, SwitchGate
+from servekeeper.model.observation import AppState, ClusterObservation, Observation
+from servekeeper.model.records import ClusterRecord, Event, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.model.status import (
-    AppState,
-    AppStatus,
-    ClusterObservation,
-    ClusterRecord,
-    ClusterRole,
-    Event,
-    Observation,
-    ServiceRecord,
-    SwitchGate,
-)
 
 
 @dataclass

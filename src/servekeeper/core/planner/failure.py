@@ -6,7 +6,7 @@ from __future__ import annotations
 from servekeeper.core.actions import UpdateCluster
 from servekeeper.core.planner.context import PlanContext
 from servekeeper.core.planner.traffic import retire
-from servekeeper.model.status import ClusterRecord
+from servekeeper.model.records import ClusterRecord
 
 
 def fail_rollout(ctx: PlanContext, pending: ClusterRecord, reason: str) -> None:

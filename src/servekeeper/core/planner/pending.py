@@ -9,7 +9,9 @@ from servekeeper.core.planner.failure import fail_rollout
 from servekeeper.core.planner.serve import apply_config, scale
 from servekeeper.core.planner.traffic import retire, switch_all_traffic
 from servekeeper.core.planner.workers import restart_workers, restartable
-from servekeeper.model.status import FAILED_APP_STATUSES, ClusterObservation, ClusterRecord, ClusterRole
+from servekeeper.model.enums import FAILED_APP_STATUSES, ClusterRole
+from servekeeper.model.observation import ClusterObservation
+from servekeeper.model.records import ClusterRecord
 
 
 def advance_pending(ctx: PlanContext, pending: ClusterRecord) -> None:

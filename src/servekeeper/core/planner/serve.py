@@ -7,7 +7,9 @@ from __future__ import annotations
 from servekeeper.core.actions import SetTargetCapacity, SubmitConfig
 from servekeeper.core.planner.context import PlanContext
 from servekeeper.core.planner.failure import fail_rollout
-from servekeeper.model.status import AppSource, AppStatus, ClusterObservation, ClusterRecord, ClusterRole
+from servekeeper.model.enums import AppSource, AppStatus, ClusterRole
+from servekeeper.model.observation import ClusterObservation
+from servekeeper.model.records import ClusterRecord
 
 # Ray acknowledged a PUT but does not show the config yet: wait this long before sending it
 # again (a PUT is idempotent for Ray, so a retry can only cost a little time).

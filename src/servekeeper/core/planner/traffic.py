@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from servekeeper.core.actions import ForgetService, RemoveRoute, SetRoute, UpdateCluster
 from servekeeper.core.planner.context import PlanContext
-from servekeeper.model.status import ClusterRecord, ClusterRole
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.records import ClusterRecord
 
 # An old cluster is kept at least this long after the switch: requests already on their way
 # to it (accepted by the ingress a moment before the switch) must reach it.

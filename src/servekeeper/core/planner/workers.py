@@ -8,7 +8,8 @@ from dataclasses import replace
 from servekeeper.core.actions import DeleteCluster, RestartWorkers, StartCluster
 from servekeeper.core.planner.context import PlanContext
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
-from servekeeper.model.status import ClusterRecord, ClusterRole, NodePlacement
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.records import ClusterRecord, NodePlacement
 
 # A worker node whose process exited is started again at most this many times over its
 # cluster's life; past it, it stays dead and the cluster's health says so.

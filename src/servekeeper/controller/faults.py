@@ -1,10 +1,8 @@
-"""Fault-injection hooks, given to the controller and provider at construction.
+"""The faults a test or benchmark injects into a running daemon through its hooks (core/hooks.py).
 
-Production code calls `hooks.reached(point, ...)` at the named points of an upgrade and
-`await hooks.before_config_put(...)` before each Serve config PUT; the default `Hooks` does
-nothing there. Tests and benchmarks run a daemon whose hooks (chosen from the environment by
-`hooks_from_environment`, the only place that reads it) kill the process with SIGKILL at one
-point (no cleanup, no flush: exactly like `kill -9`) or fail a PUT.
+The daemon's hooks are chosen from the environment by `hooks_from_environment`, the only place
+that reads it: they kill the process with SIGKILL at one named point (no cleanup, no flush:
+exactly like `kill -9`) or fail a config PUT. No spec field reaches them.
 """
 
 from __future__ import annotations
@@ -15,36 +13,15 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 
 from servekeeper.core import actions as act
-from servekeeper.model.status import ClusterRecord, ClusterRole
+from servekeeper.core.hooks import CRASH_POINTS, Hooks
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.records import ClusterRecord
 from servekeeper.rayapi.serve_api import RetryableServeError
 
 CRASH_ENV = "SERVEKEEPER_TEST_CRASH_AT"
 FAIL_PUTS_ENV = "SERVEKEEPER_TEST_FAIL_CONFIG_PUTS"  # the first N config PUTs fail as a 503 would
-CRASH_POINTS = (
-    "cluster-intent-written",  # the pending cluster's record is stored, no process started yet
-    "pending-started",  # its head process runs, its pid recorded
-    "config-audited",  # the PUT is audited (intent stored), not sent yet
-    "config-submitted",  # the PUT succeeded, its success not recorded yet
-    "waiting-for-ready",  # the config is applied, the apps are not ready yet
-    "route-switched",  # the ingress acknowledged the switch, the new roles not stored yet
-    "draining",  # the old cluster drains
-    "deleting-old",  # the old cluster got SIGTERM, not yet SIGKILL
-)
 
 logger = logging.getLogger(__name__)
-
-
-class Hooks:
-    """No faults: what production runs."""
-
-    def reached(self, point: str, cluster: ClusterRecord | None = None, service_generation: int = 0) -> None:
-        return None
-
-    async def before_config_put(self, cluster: ClusterRecord, service_generation: int = 0) -> None:
-        return None
-
-    def after_tick(self, clusters: Sequence[ClusterRecord], actions: Sequence[act.Action]) -> None:
-        return None
 
 
 class InjectedFaults(Hooks):

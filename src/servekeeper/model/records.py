@@ -1,74 +1,14 @@
-"""Status enums and the frozen records of stored and observed state.
-
-Enums are `str` so that their `.value` is what the store and the API hold: no pickles.
-"""
+"""The frozen records of stored state: services, clusters (ports, nodes, canary progress), conditions,
+events and revisions, with their JSON forms for the store."""
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-
-class AppStatus(str, enum.Enum):
-    NOT_STARTED = "NOT_STARTED"
-    DEPLOYING = "DEPLOYING"
-    DEPLOY_FAILED = "DEPLOY_FAILED"
-    RUNNING = "RUNNING"
-    UNHEALTHY = "UNHEALTHY"
-    DELETING = "DELETING"
-    UNKNOWN = "UNKNOWN"
-
-    @classmethod
-    def parse(cls, value: str) -> AppStatus:
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.UNKNOWN
-
-
-FAILED_APP_STATUSES = frozenset({AppStatus.DEPLOY_FAILED, AppStatus.UNHEALTHY})
-
-
-class AppSource(str, enum.Enum):
-    DECLARATIVE = "declarative"
-    IMPERATIVE = "imperative"
-    UNKNOWN = "unknown"
-
-    @classmethod
-    def parse(cls, value: str | None) -> AppSource:
-        try:
-            return cls(value or "unknown")
-        except ValueError:
-            return cls.UNKNOWN
-
-
-class ClusterRole(str, enum.Enum):
-    PENDING = "pending"  # coming up beside the active cluster; gets no traffic
-    ACTIVE = "active"  # receives the service's traffic
-    DRAINING = "draining"  # no new traffic; deleted once idle or at the deadline
-    DELETING = "deleting"  # processes being stopped
-
-
-class ConditionType(str, enum.Enum):
-    READY = "Ready"
-    UPGRADE_IN_PROGRESS = "UpgradeInProgress"
-    ROLLOUT_FAILED = "RolloutFailed"
-    CLUSTER_SPEC_OUTDATED = "ClusterSpecOutdated"
-
-
-class SwitchGate(str, enum.Enum):
-    """When traffic may move to a pending cluster.
-
-    Only READY is the product. The others reproduce the reference's failure modes so that
-    tests and benchmarks can show the gate matters; they are set by an environment variable,
-    never by a spec.
-    """
-
-    READY = "ready"
-    HEALTHY = "healthy"
-    NONE = "none"
+from servekeeper.model.enums import ClusterRole, ConditionType
+from servekeeper.model.observation import BackendCounters
 
 
 @dataclass(frozen=True)
@@ -131,31 +71,6 @@ class NodePorts:
             self.runtime_env_agent,
         ]
         return singles + list(range(self.min_worker, self.max_worker + 1))
-
-
-@dataclass(frozen=True)
-class BackendCounters:
-    """One backend's counters at the ingress, summed over its processes; they only grow
-    (unless an ingress process restarted: then they start again from 0)."""
-
-    requests: int = 0
-    errors_5xx: int = 0
-    latency_ms_buckets: tuple[tuple[float, int], ...] = ()  # (upper bound, cumulative count), ascending
-    epoch: str = ""  # the ingress processes counted: counters of two epochs never compare
-
-    def to_json(self) -> dict[str, Any]:
-        buckets = [list(bucket) for bucket in self.latency_ms_buckets]
-        return {"requests": self.requests, "errors5xx": self.errors_5xx, "buckets": buckets, "epoch": self.epoch}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BackendCounters:
-        buckets = tuple((float(bound), int(count)) for bound, count in data.get("buckets", []))
-        return cls(
-            requests=int(data["requests"]),
-            errors_5xx=int(data["errors5xx"]),
-            latency_ms_buckets=buckets,
-            epoch=str(data.get("epoch", "")),
-        )
 
 
 @dataclass(frozen=True)
@@ -378,88 +293,6 @@ class ServiceRecord:
 
     def conditions_json(self) -> str:
         return json.dumps([c.to_json() for c in self.conditions])
-
-
-@dataclass(frozen=True)
-class AppState:
-    name: str
-    status: AppStatus
-    source: AppSource
-    message: str = ""
-    route_prefix: str | None = None
-    last_deployed_time_s: float | None = None
-    deployed_config: dict[str, Any] | None = field(default=None, compare=False)  # Ray's deployed_app_config
-    running_replicas: int = 0  # replicas in state RUNNING, over the app's deployments
-    settled: bool = True  # every deployment HEALTHY: none scaling or updating
-
-
-@dataclass(frozen=True)
-class ProbeState:
-    """The latest results of one readiness probe against one cluster."""
-
-    path: str
-    passing: bool  # at least successThreshold consecutive passes
-    consecutive_successes: int
-    success_threshold: int
-    last_ok: bool | None = None  # None: not run yet
-    last_message: str = ""
-    last_time: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "passing": self.passing,
-            "consecutiveSuccesses": self.consecutive_successes,
-            "successThreshold": self.success_threshold,
-            "lastOk": self.last_ok,
-            "lastMessage": self.last_message,
-            "lastTime": self.last_time,
-        }
-
-
-@dataclass(frozen=True)
-class ClusterObservation:
-    """What one look at a cluster showed. `None` fields were not reachable."""
-
-    name: str
-    processes_alive: bool
-    dashboard_ok: bool = False
-    apps: dict[str, AppState] | None = None  # None when the Serve API did not answer
-    proxy_healthy: bool = False
-    routes: frozenset[str] = frozenset()
-    probes: tuple[ProbeState, ...] = ()
-    dead_workers: int = 0
-    # Of those, the worker nodes (by pid) whose process is gone for sure: their host answered.
-    # They can be started again where they were; a silent host's node may still run there.
-    exited_workers: tuple[int, ...] = ()
-    error: str | None = None
-    # Which of the configs servekeeper submitted Ray runs now, judged from deployed_app_config.
-    deployed_config_hash: str | None = None
-    target_capacity: float | None = None  # Ray's, read only for clusters whose capacity is managed
-
-
-@dataclass(frozen=True)
-class IngressRouteObservation:
-    active: str | None
-    upstreams: frozenset[str]
-    inflight: dict[str, int] = field(default_factory=dict)
-    weights: dict[str, int] = field(default_factory=dict)  # empty: only `active` carries traffic
-    preview: str | None = None  # the backend the preview port sends to
-
-    def weight_of(self, name: str) -> int:
-        if self.weights:
-            return self.weights.get(name, 0)
-        return 100 if name == self.active else 0
-
-
-@dataclass(frozen=True)
-class Observation:
-    clusters: dict[str, ClusterObservation]
-    route: IngressRouteObservation | None  # None when the ingress has no route for the service
-    ingress_ok: bool = True
-    # Per backend (cluster), read only while a canary is analysed; None: not read or unreadable.
-    backend_counters: dict[str, BackendCounters] | None = None
-    placement_problem: str | None = None  # why the next cluster cannot be placed on its host pool now
 
 
 @dataclass(frozen=True)
