@@ -218,57 +218,14 @@ class SimWorld:
 
     def _execute(self, action: act.Action) -> None:
         if isinstance(action, act.CreateCluster):
-            number = next(self._ids)
-            name = f"{self.service.name}-g{self.service.generation}-{number}"
-            self.clusters[name] = ClusterRecord(
-                name=name,
-                service=self.service.name,
-                generation=self.service.generation,
-                cluster_spec_hash=self.spec.cluster_spec_hash(),
-                cluster_spec_json=self.spec.spec.rayClusterConfig.model_dump_json(),
-                role=action.role,
-                ports=_PORTS,
-                temp_dir=f"/sim/{name}",
-                log_dir=f"/sim/{name}",
-                created_at=self.now,
-                head_pid=number,
-            )
-            index = number - 1
-            template = self.behaviours[index] if index < len(self.behaviours) else self.default_behaviour
-            self.sim[name] = SimCluster(**{**template.__dict__, "started_at": self.now, "config_at": None})
+            self._create(action)
         elif isinstance(action, act.StartCluster):
             self.clusters[action.cluster] = self.clusters[action.cluster].with_changes(head_pid=99)
             self.sim[action.cluster].started_at = self.now
         elif isinstance(action, act.RestartWorkers):  # started again at once, under new pids
-            cluster = self.clusters[action.cluster]
-            nodes = tuple(
-                replace(n, pid=next(self._pids), restarts=n.restarts + 1) if n.pid in action.pids else n
-                for n in cluster.nodes
-            )
-            workers = tuple(n.pid for n in nodes[1:] if n.pid is not None)
-            self.clusters[action.cluster] = cluster.with_changes(nodes=nodes, worker_pids=workers)
-            behaviour = self.sim[action.cluster]
-            pairs = zip(nodes, cluster.nodes, strict=True)
-            restarted = tuple(n.pid for n, old in pairs if old.pid in action.pids and n.pid is not None)
-            behaviour.exited_workers = restarted if behaviour.workers_keep_exiting else ()
+            self._restart_workers(action)
         elif isinstance(action, act.SubmitConfig):
-            cluster = self.clusters[action.cluster]
-            behaviour = self.sim[action.cluster]
-            self.submissions.append(action.cluster)
-            if behaviour.lost_puts > 0:
-                behaviour.lost_puts -= 1
-                self.clusters[action.cluster] = cluster.with_changes(
-                    submitted_config_hash=action.config_hash, config_submitted_at=None
-                )
-                return
-            # Like the controller: the PUT is acknowledged, never recorded as applied (only
-            # an observation of Ray running it does that).
-            self.clusters[action.cluster] = cluster.with_changes(
-                submitted_config_hash=action.config_hash, config_submitted_at=self.now
-            )
-            behaviour.config_at = self.now
-            behaviour.deployed_hash = action.config_hash
-            behaviour.target_capacity = cluster.target_capacity
+            self._submit(action)
         elif isinstance(action, act.UpdateClusters):
             for name, changes in action.changes:
                 self.clusters[name] = self.clusters[name].with_changes(**changes)
@@ -291,6 +248,58 @@ class SimWorld:
             self.sim.pop(action.cluster, None)
         elif isinstance(action, act.ForgetService):
             self.forgotten = True
+
+    def _create(self, action: act.CreateCluster) -> None:
+        number = next(self._ids)
+        name = f"{self.service.name}-g{self.service.generation}-{number}"
+        self.clusters[name] = ClusterRecord(
+            name=name,
+            service=self.service.name,
+            generation=self.service.generation,
+            cluster_spec_hash=self.spec.cluster_spec_hash(),
+            cluster_spec_json=self.spec.spec.rayClusterConfig.model_dump_json(),
+            role=action.role,
+            ports=_PORTS,
+            temp_dir=f"/sim/{name}",
+            log_dir=f"/sim/{name}",
+            created_at=self.now,
+            head_pid=number,
+        )
+        index = number - 1
+        template = self.behaviours[index] if index < len(self.behaviours) else self.default_behaviour
+        self.sim[name] = SimCluster(**{**template.__dict__, "started_at": self.now, "config_at": None})
+
+    def _restart_workers(self, action: act.RestartWorkers) -> None:
+        cluster = self.clusters[action.cluster]
+        nodes = tuple(
+            replace(n, pid=next(self._pids), restarts=n.restarts + 1) if n.pid in action.pids else n
+            for n in cluster.nodes
+        )
+        workers = tuple(n.pid for n in nodes[1:] if n.pid is not None)
+        self.clusters[action.cluster] = cluster.with_changes(nodes=nodes, worker_pids=workers)
+        behaviour = self.sim[action.cluster]
+        pairs = zip(nodes, cluster.nodes, strict=True)
+        restarted = tuple(n.pid for n, old in pairs if old.pid in action.pids and n.pid is not None)
+        behaviour.exited_workers = restarted if behaviour.workers_keep_exiting else ()
+
+    def _submit(self, action: act.SubmitConfig) -> None:
+        cluster = self.clusters[action.cluster]
+        behaviour = self.sim[action.cluster]
+        self.submissions.append(action.cluster)
+        if behaviour.lost_puts > 0:
+            behaviour.lost_puts -= 1
+            self.clusters[action.cluster] = cluster.with_changes(
+                submitted_config_hash=action.config_hash, config_submitted_at=None
+            )
+            return
+        # Like the controller: the PUT is acknowledged, never recorded as applied (only
+        # an observation of Ray running it does that).
+        self.clusters[action.cluster] = cluster.with_changes(
+            submitted_config_hash=action.config_hash, config_submitted_at=self.now
+        )
+        behaviour.config_at = self.now
+        behaviour.deployed_hash = action.config_hash
+        behaviour.target_capacity = cluster.target_capacity
 
     # -- views for assertions ------------------------------------------------------------
 
