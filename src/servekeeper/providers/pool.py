@@ -32,6 +32,7 @@ from servekeeper.providers.base import (
     PermanentProviderError,
     ProviderError,
     RecordChanges,
+    RetryableProviderError,
 )
 from servekeeper.providers.cluster_token import (
     auth_headers,
@@ -55,6 +56,11 @@ LIVENESS_CACHE_SECONDS = 2.0  # an SSH round trip per node per look is too much 
 # refuse, it stays silent, and SSH would wait for its own timeouts and retries.
 LIVENESS_TIMEOUT_SECONDS = 4.0
 T = TypeVar("T")
+
+
+class PoolChanged(RetryableProviderError):
+    """The pool a cluster was being placed on was changed or deleted before its record was
+    stored: nothing is stored, the next tick places it again on the pool as it is then."""
 
 
 def pool_problems(store: Store, config: RayClusterConfigSpec) -> list[str]:
@@ -94,6 +100,8 @@ class PoolClusters:
         # created at once must not take the same room and the same ports.
         self.creating = asyncio.Lock()
         self._closing: set[asyncio.Future[list[BaseException | None]]] = set()  # connections of a changed pool
+        # cluster -> the spec of the pool `new_record` placed it on, until `put_new` stores it
+        self._placed_on: dict[str, str] = {}
 
     # -- the pool ----------------------------------------------------------------------------------
 
@@ -160,17 +168,38 @@ class PoolClusters:
         Shortfall when the pool cannot hold it now, HostRefused when a host picked refuses for good."""
         assert config.hostPool is not None
         pool = self.pool(config.hostPool)
-        return await place_cluster(pool, self.ssh(config.hostPool), records.list_clusters(), draft, config)
+        self._placed_on.pop(draft.name, None)
+        cluster = await place_cluster(pool, self.ssh(config.hostPool), records.list_clusters(), draft, config)
+        self._placed_on[cluster.name] = pool.to_json()
+        return cluster
 
     def put_new(self, cluster: ClusterRecord, records: ClusterRecords) -> None:
         """Store a new cluster's record (from `new_record`) and save its token with it: the token
-        file goes again if the record could not be stored, so that none outlives its cluster."""
+        file goes again if the record could not be stored, so that none outlives its cluster.
+        Raises PoolChanged, storing nothing, when its pool changed since `new_record` read it."""
+        placed_on = self._placed_on.pop(cluster.name, None)
         path = save_cluster_token(self.token_dir, cluster.name, new_cluster_token())
         try:
-            records.put_cluster(cluster)
+            # The pool commands refuse to change or delete a pool only for stored clusters; the
+            # placement's SSH calls took seconds: compare the pool under the write lock that
+            # stores the record (a pool command in another process included).
+            with self.store.transaction():
+                self._check_pool_kept(cluster, placed_on)
+                records.put_cluster(cluster)
         except BaseException:
             path.unlink(missing_ok=True)
             raise
+
+    def _check_pool_kept(self, cluster: ClusterRecord, placed_on: str | None) -> None:
+        assert cluster.pool is not None
+        current = self.store.get_host_pool(cluster.pool)
+        if current is None:
+            raise PoolChanged(f"host pool {cluster.pool!r} was deleted while cluster {cluster.name!r} was placed on it")
+        if placed_on is not None and current.spec().to_json() != placed_on:
+            raise PoolChanged(
+                f"host pool {cluster.pool!r} was changed while cluster {cluster.name!r} was placed on it; "
+                "it is placed again on the pool as it is now"
+            )
 
     # -- starting, watching, stopping --------------------------------------------------------------
 
