@@ -20,6 +20,7 @@ from servekeeper.model.records import NodePorts
 from servekeeper.providers.base import RetryableProviderError
 from servekeeper.providers.cluster_token import token_file
 from servekeeper.providers.pool import PoolClusters
+from servekeeper.providers.pool_placement import PoolChanged
 from servekeeper.store.store import Store
 from tests.unit.ssh_fakes import FakeFleet, FakeSshNodes, pool_document
 from tests.unit.test_pool_clusters import draft, pool_spec
@@ -65,8 +66,9 @@ async def test_a_pool_deleted_while_a_cluster_is_placed_leaves_no_cluster_on_it(
     await fleet.allocating.wait()
     assert HostPoolCommands(store).delete("fleet") == {"name": "fleet", "deleted": True}  # nothing stored uses it
     fleet.release.set()
-    with pytest.raises(RetryableProviderError, match="host pool 'fleet' was deleted while cluster 'c' was placed"):
+    with pytest.raises(PoolChanged, match="host pool 'fleet' was deleted while cluster 'c' was placed"):
         await creating
+    assert issubclass(PoolChanged, RetryableProviderError)  # the rollout waits, says why, and tries again
     assert store.list_clusters() == []  # no record that nothing could stop
     assert not token_file(pools.token_dir, "c").exists()
     await pools.close()
@@ -81,7 +83,7 @@ async def test_a_host_address_changed_while_a_cluster_is_placed_places_it_again(
     moved["spec"]["hosts"][0]["address"] = "10.0.0.99"
     HostPoolCommands(store).apply(moved)  # nothing stored uses host a yet
     fleet.release.set()
-    with pytest.raises(RetryableProviderError, match="host pool 'fleet' was changed while cluster 'c' was placed"):
+    with pytest.raises(PoolChanged, match="host pool 'fleet' was changed while cluster 'c' was placed"):
         await creating
     assert store.list_clusters() == []  # no endpoint on the old address
     cluster = await pools.create(draft("c", CONFIG), CONFIG, store)  # the next tick places it anew

@@ -32,7 +32,6 @@ from servekeeper.providers.base import (
     PermanentProviderError,
     ProviderError,
     RecordChanges,
-    RetryableProviderError,
 )
 from servekeeper.providers.cluster_token import (
     auth_headers,
@@ -43,7 +42,7 @@ from servekeeper.providers.cluster_token import (
     token_file,
 )
 from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
-from servekeeper.providers.pool_placement import Shortfall, host_rooms, place_cluster
+from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, host_rooms, place_cluster
 from servekeeper.providers.ray_start import group_args
 from servekeeper.providers.ssh import HostConnection, SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
@@ -56,11 +55,6 @@ LIVENESS_CACHE_SECONDS = 2.0  # an SSH round trip per node per look is too much 
 # refuse, it stays silent, and SSH would wait for its own timeouts and retries.
 LIVENESS_TIMEOUT_SECONDS = 4.0
 T = TypeVar("T")
-
-
-class PoolChanged(RetryableProviderError):
-    """The pool a cluster was being placed on was changed or deleted before its record was
-    stored: nothing is stored, the next tick places it again on the pool as it is then."""
 
 
 def pool_problems(store: Store, config: RayClusterConfigSpec) -> list[str]:
@@ -184,22 +178,12 @@ class PoolClusters:
             # placement's SSH calls took seconds: compare the pool under the write lock that
             # stores the record (a pool command in another process included).
             with self.store.transaction():
-                self._check_pool_kept(cluster, placed_on)
+                assert cluster.pool is not None
+                check_pool_kept(cluster, placed_on, self.store.get_host_pool(cluster.pool))
                 records.put_cluster(cluster)
         except BaseException:
             path.unlink(missing_ok=True)
             raise
-
-    def _check_pool_kept(self, cluster: ClusterRecord, placed_on: str | None) -> None:
-        assert cluster.pool is not None
-        current = self.store.get_host_pool(cluster.pool)
-        if current is None:
-            raise PoolChanged(f"host pool {cluster.pool!r} was deleted while cluster {cluster.name!r} was placed on it")
-        if placed_on is not None and current.spec().to_json() != placed_on:
-            raise PoolChanged(
-                f"host pool {cluster.pool!r} was changed while cluster {cluster.name!r} was placed on it; "
-                "it is placed again on the pool as it is now"
-            )
 
     # -- starting, watching, stopping --------------------------------------------------------------
 
