@@ -125,8 +125,11 @@ class HostPoolCommands:
             pool = parse_host_pool(document)
         except SpecError as exc:
             raise InvalidSpec(exc.problems) from exc
-        self._check_hosts_in_use_kept(pool)
-        record, changed = self.store.apply_host_pool(pool.name, pool.to_json(), time.time())
+        # The check and the write in one transaction: a cluster stored meanwhile (its placement
+        # compares the pool in the transaction that stores it) is seen, or sees this change.
+        with self.store.transaction():
+            self._check_hosts_in_use_kept(pool)
+            record, changed = self.store.apply_host_pool(pool.name, pool.to_json(), time.time())
         # Shaped like a service's apply answer; a pool has no generations.
         return {"name": record.name, "generation": 0, "changed": changed, "kind": "HostPool"}
 
@@ -153,12 +156,13 @@ class HostPoolCommands:
 
     def delete(self, name: str) -> dict[str, Any]:
         """Forget the pool; Conflict while any cluster has a node on one of its hosts."""
-        self.record(name)
-        in_use = hosts_in_use(self.store, name)
-        if in_use:
-            clusters = sorted({c for names in in_use.values() for c in names})
-            raise Conflict(f"host pool {name!r} runs clusters {clusters}; delete them first")
-        self.store.delete_host_pool(name)
+        with self.store.transaction():  # see `apply`
+            self.record(name)
+            in_use = hosts_in_use(self.store, name)
+            if in_use:
+                clusters = sorted({c for names in in_use.values() for c in names})
+                raise Conflict(f"host pool {name!r} runs clusters {clusters}; delete them first")
+            self.store.delete_host_pool(name)
         return {"name": name, "deleted": True}
 
     async def check(self, name: str) -> dict[str, Any]:

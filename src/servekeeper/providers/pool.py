@@ -42,7 +42,7 @@ from servekeeper.providers.cluster_token import (
     token_file,
 )
 from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
-from servekeeper.providers.pool_placement import Shortfall, host_rooms, place_cluster
+from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, host_rooms, place_cluster
 from servekeeper.providers.ray_start import group_args
 from servekeeper.providers.ssh import HostConnection, SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
@@ -94,6 +94,8 @@ class PoolClusters:
         # created at once must not take the same room and the same ports.
         self.creating = asyncio.Lock()
         self._closing: set[asyncio.Future[list[BaseException | None]]] = set()  # connections of a changed pool
+        # cluster -> the spec of the pool `new_record` placed it on, until `put_new` stores it
+        self._placed_on: dict[str, str] = {}
 
     # -- the pool ----------------------------------------------------------------------------------
 
@@ -160,14 +162,25 @@ class PoolClusters:
         Shortfall when the pool cannot hold it now, HostRefused when a host picked refuses for good."""
         assert config.hostPool is not None
         pool = self.pool(config.hostPool)
-        return await place_cluster(pool, self.ssh(config.hostPool), records.list_clusters(), draft, config)
+        self._placed_on.pop(draft.name, None)
+        cluster = await place_cluster(pool, self.ssh(config.hostPool), records.list_clusters(), draft, config)
+        self._placed_on[cluster.name] = pool.to_json()
+        return cluster
 
     def put_new(self, cluster: ClusterRecord, records: ClusterRecords) -> None:
         """Store a new cluster's record (from `new_record`) and save its token with it: the token
-        file goes again if the record could not be stored, so that none outlives its cluster."""
+        file goes again if the record could not be stored, so that none outlives its cluster.
+        Raises PoolChanged, storing nothing, when its pool changed since `new_record` read it."""
+        placed_on = self._placed_on.pop(cluster.name, None)
         path = save_cluster_token(self.token_dir, cluster.name, new_cluster_token())
         try:
-            records.put_cluster(cluster)
+            # The pool commands refuse to change or delete a pool only for stored clusters; the
+            # placement's SSH calls took seconds: compare the pool under the write lock that
+            # stores the record (a pool command in another process included).
+            with self.store.transaction():
+                assert cluster.pool is not None
+                check_pool_kept(cluster, placed_on, self.store.get_host_pool(cluster.pool))
+                records.put_cluster(cluster)
         except BaseException:
             path.unlink(missing_ok=True)
             raise

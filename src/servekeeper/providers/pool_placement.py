@@ -11,7 +11,7 @@ import asyncio
 
 from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, nodes_taking_room, place
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
-from servekeeper.model.hostpool import HostPoolSpec
+from servekeeper.model.hostpool import HostPoolRecord, HostPoolSpec
 from servekeeper.model.records import ClusterPorts, ClusterRecord, NodePlacement
 from servekeeper.providers.base import PermanentProviderError, RetryableProviderError
 from servekeeper.providers.node_argv import cluster_dir
@@ -29,6 +29,23 @@ class Shortfall(RetryableProviderError):
 class HostRefused(PermanentProviderError):
     """A host picked for the cluster refuses in a way that waiting does not mend (its host key,
     the login, its python): the rollout fails with it. The message names the host."""
+
+
+class PoolChanged(RetryableProviderError):
+    """The pool a cluster was being placed on was changed or deleted before its record was
+    stored: nothing is stored, the next tick places it again on the pool as it is then."""
+
+
+def check_pool_kept(cluster: ClusterRecord, placed_on: str | None, current: HostPoolRecord | None) -> None:
+    """Raise PoolChanged unless `current` (the cluster's pool as stored now) still is the pool
+    spec `placed_on` the cluster was placed on (None: only that it still exists)."""
+    if current is None:
+        raise PoolChanged(f"host pool {cluster.pool!r} was deleted while cluster {cluster.name!r} was placed on it")
+    if placed_on is not None and current.spec().to_json() != placed_on:
+        raise PoolChanged(
+            f"host pool {cluster.pool!r} was changed while cluster {cluster.name!r} was placed on it; "
+            "it is placed again on the pool as it is now"
+        )
 
 
 def host_rooms(pool: HostPoolSpec) -> list[HostRoom]:

@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 COMMAND_TIMEOUT_SECONDS = 60.0
 KEEPALIVE_SECONDS = 15.0
+# Channels (sessions) open at once on one connection: under OpenSSH's MaxSessions (10 by
+# default), which refuses the one beyond it; the commands past the bound wait for a free one.
+MAX_CHANNELS = 8
 T = TypeVar("T")
 
 # Run with the host's `python -c`: what Ray compares between the nodes of one cluster.
@@ -46,6 +49,8 @@ print(json.dumps({"python": ".".join(map(str, sys.version_info[:3])), "ray": ray
 """
 
 
+# A channel refused for these on a live connection is one too many, not a missing subsystem.
+CHANNEL_SHORTAGE = frozenset({asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, asyncssh.OPEN_RESOURCE_SHORTAGE})
 TEMPORARY_REMOVE_SECONDS = 5.0  # a dying connection must not hold a failed write
 
 
@@ -65,6 +70,14 @@ class HostUnreachable(SshError):
 
 
 class CommandTimeout(SshError):
+    retryable = True
+
+
+class ChannelRefused(SshError):
+    """Logged in, but the host refused one more channel (a session) on the connection: sshd's
+    MaxSessions reached, or its resources short. The connection serves the commands in flight;
+    this one may go again once a channel is free."""
+
     retryable = True
 
 
@@ -145,9 +158,12 @@ async def with_retries(
 class HostConnection:
     """One SSH connection to one host, opened on first use and again after it dropped."""
 
-    def __init__(self, host: HostSpec, command_timeout: float = COMMAND_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self, host: HostSpec, command_timeout: float = COMMAND_TIMEOUT_SECONDS, max_channels: int = MAX_CHANNELS
+    ) -> None:
         self.host = host
         self.command_timeout = command_timeout
+        self._channels = asyncio.Semaphore(max_channels)
         self._connection: asyncssh.SSHClientConnection | None = None
         self._lock = asyncio.Lock()
         self._retired = False
@@ -226,12 +242,18 @@ class HostConnection:
         command = shlex.join(argv)
         connection = await self._connect()
         try:
-            completed = await connection.run(
-                command, input=input, timeout=timeout or self.command_timeout, check=False, encoding="utf-8"
-            )
+            async with self._channels:
+                completed = await connection.run(
+                    command, input=input, timeout=timeout or self.command_timeout, check=False, encoding="utf-8"
+                )
         except asyncssh.TimeoutError as exc:
             raise CommandTimeout(self.where, f"{argv[0]} did not finish within {exc}") from exc
-        except (OSError, asyncssh.DisconnectError, asyncssh.ChannelOpenError) as exc:
+        except asyncssh.ChannelOpenError as exc:
+            if not connection.is_closed():  # the login lives and serves the commands in flight
+                raise ChannelRefused(self.where, f"refused a channel for {argv[0]}: {exc.reason}") from exc
+            await self.close()
+            raise HostUnreachable(self.where, f"connection lost: {_describe(exc)}") from exc
+        except (OSError, asyncssh.DisconnectError) as exc:
             await self.close()
             raise HostUnreachable(self.where, f"connection lost: {_describe(exc)}") from exc
         result = RemoteResult(completed.exit_status, str(completed.stdout or ""), str(completed.stderr or ""))
@@ -251,7 +273,7 @@ class HostConnection:
         connection = await self._connect()
         temporary = f"{path}.{secrets.token_hex(4)}.tmp"
         try:
-            async with connection.start_sftp_client() as sftp:
+            async with self._channels, connection.start_sftp_client() as sftp:
                 try:
                     async with sftp.open(temporary, "xb", asyncssh.SFTPAttrs(permissions=mode)) as remote:
                         await remote.write(data)
@@ -264,6 +286,8 @@ class HostConnection:
         except asyncssh.SFTPError as exc:
             raise CommandFailed(self.where, ["sftp-write", path], None, str(exc.reason)) from exc
         except asyncssh.ChannelOpenError as exc:
+            if not connection.is_closed() and exc.code in CHANNEL_SHORTAGE:
+                raise ChannelRefused(self.where, f"refused a channel for SFTP: {exc.reason}") from exc
             if not connection.is_closed():  # logged in, but no SFTP: sshd without its sftp subsystem
                 raise SessionRefused(
                     self.where, f"refused an SFTP session ({exc.reason}); its sshd must allow the sftp subsystem"

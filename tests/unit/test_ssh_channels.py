@@ -1,0 +1,120 @@
+"""Channels on one SSH connection (issue 19, item 11): sshd allows a few sessions per
+connection (OpenSSH's MaxSessions, 10 by default); commands sent at once beyond that are
+refused one by one. A `HostConnection` never opens more than its bound at once, and a channel
+refused on a live connection fails only that command, as retryable, closing nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import asyncssh
+import pytest
+
+from servekeeper.providers.ssh import ChannelRefused, HostConnection, HostUnreachable
+from tests.unit.ssh_fakes import FakeSshConnection
+from tests.unit.test_ssh import a_host
+
+
+class ChannelCountingConnection(FakeSshConnection):
+    """A live connection whose `run` holds a channel open until `release` is set, counting the
+    channels open at once; `refuse_next` refuses the next channel like a host at its limit."""
+
+    def __init__(self, max_sessions: int = 10) -> None:
+        super().__init__()
+        self.max_sessions = max_sessions
+        self.open_now = 0
+        self.most_open = 0
+        self.release = asyncio.Event()
+        self.refuse_next: asyncssh.ChannelOpenError | None = None
+        self.drop_on_refusal = False  # the connection itself goes down with the refusal
+
+    async def run(self, command: str, **kwargs: Any) -> SimpleNamespace:
+        if self.refuse_next is not None:
+            refusal, self.refuse_next = self.refuse_next, None
+            self.closed = self.closed or self.drop_on_refusal
+            raise refusal
+        if self.open_now >= self.max_sessions:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "open failed")
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
+        try:
+            await self.release.wait()
+        finally:
+            self.open_now -= 1
+        return SimpleNamespace(exit_status=0, stdout=command, stderr="")
+
+
+async def test_twenty_commands_at_once_never_open_more_channels_than_the_bound() -> None:
+    connection = HostConnection(a_host(), max_channels=8)
+    fake = ChannelCountingConnection()
+    connection._connection = fake  # type: ignore[assignment]
+    commands = [asyncio.ensure_future(connection.run(["echo", str(i)])) for i in range(20)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert fake.open_now == 8  # the others wait for a channel, none was refused
+    fake.release.set()
+    results = await asyncio.gather(*commands)
+    assert [r.stdout for r in results] == [f"echo {i}" for i in range(20)]
+    assert fake.most_open == 8 and not fake.closed
+
+
+async def test_the_default_bound_stays_under_openssh_max_sessions() -> None:
+    connection = HostConnection(a_host())
+    fake = ChannelCountingConnection(max_sessions=10)
+    connection._connection = fake  # type: ignore[assignment]
+    commands = [asyncio.ensure_future(connection.run(["true"])) for _ in range(20)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    fake.release.set()
+    await asyncio.gather(*commands)  # none refused
+    assert 0 < fake.most_open < 10
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        pytest.param(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, id="administratively-prohibited"),
+        pytest.param(asyncssh.OPEN_RESOURCE_SHORTAGE, id="resource-shortage"),
+        pytest.param(asyncssh.OPEN_CONNECT_FAILED, id="open-failed"),  # what OpenSSH sends past MaxSessions
+    ],
+)
+async def test_a_refused_channel_fails_that_command_only_and_closes_nothing(code: int) -> None:
+    connection = HostConnection(a_host())
+    fake = ChannelCountingConnection()
+    connection._connection = fake  # type: ignore[assignment]
+    others = [asyncio.ensure_future(connection.run(["sleep", "1"])) for _ in range(3)]
+    await asyncio.sleep(0)
+    fake.refuse_next = asyncssh.ChannelOpenError(code, "no more sessions")
+    with pytest.raises(ChannelRefused, match=r"host gpu-a \(10.0.0.11:22\): .*refused a channel") as refused:
+        await connection.run(["uptime"])
+    assert refused.value.retryable and not isinstance(refused.value, HostUnreachable)
+    assert not fake.closed and connection._connection is fake  # the connection stays, as do the others
+    fake.release.set()
+    assert [r.exit_status for r in await asyncio.gather(*others)] == [0, 0, 0]
+
+
+async def test_a_channel_refused_because_the_connection_dropped_is_a_lost_connection() -> None:
+    connection = HostConnection(a_host())
+    fake = ChannelCountingConnection()
+    connection._connection = fake  # type: ignore[assignment]
+    fake.drop_on_refusal = True  # dropped under the command
+    fake.refuse_next = asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "connection closed")
+    with pytest.raises(HostUnreachable, match="connection lost"):
+        await connection.run(["uptime"])
+    assert connection._connection is None
+
+
+async def test_an_sftp_write_refused_for_want_of_sessions_is_retryable(tmp_path: Any) -> None:
+    connection = HostConnection(a_host())
+    fake = FakeSshConnection()
+
+    def refuse() -> None:
+        raise asyncssh.ChannelOpenError(asyncssh.OPEN_RESOURCE_SHORTAGE, "too many sessions")
+
+    fake.start_sftp_client = refuse  # type: ignore[method-assign,assignment]
+    connection._connection = fake  # type: ignore[assignment]
+    with pytest.raises(ChannelRefused) as refused:
+        await connection.write_file(str(tmp_path / "auth_token"), b"token")
+    assert refused.value.retryable and not fake.closed
