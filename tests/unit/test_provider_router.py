@@ -187,7 +187,11 @@ async def test_the_router_routes_to_the_fake_local_provider_and_the_real_pool_on
     assert there.pool == "fleet" and [node.host for node in there.nodes] == ["a"]
     assert {c.name for c in store.list_clusters()} == {"here", "there"}  # both stored before any start
     assert router.headers(here) == {} and router.headers(there)["Authorization"].startswith("Bearer ")
-    assert not set(here.ports.all_ports()) & set(there.ports.all_ports())
+    # Each provider allocated the ports of its own machines (they may coincide: other hosts):
+    # the pool's come from host a's fake, the local ones from this machine's allocator.
+    assert there.ports.node_ports == tuple(node.ports for node in there.nodes)
+    assert there.ports.serve_http >= 20000
+    assert here.ports.gcs > 0 and len(set(here.ports.all_ports())) == len(here.ports.all_ports())
     await router.close()
 
 
