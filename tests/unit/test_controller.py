@@ -407,6 +407,24 @@ async def test_a_delete_during_a_tick_is_not_undone_and_the_next_tick_deletes(wo
 # -- background starts and stops ------------------------------------------------------------
 
 
+async def test_a_node_start_failing_on_a_serving_cluster_is_an_event_not_a_failure(world: World) -> None:
+    # The executor decides by the cluster's role as stored when the start ends, for every provider:
+    # a serving cluster stays (one node short) and the next tick tries again.
+    world.provider.workers_gate = asyncio.Event()
+    world.provider.start_workers_error = RuntimeError("no memory for the raylet")
+    world.apply(make_spec(workers=1))
+    await world.tick()
+    pending = world.only(ClusterRole.PENDING)
+    world.store.update_cluster(pending.name, role=ClusterRole.ACTIVE)  # it became the serving cluster meanwhile
+    world.provider.release_workers()
+    await world.controller.executor.background[pending.name]
+    await world.background_settled()
+    assert world.cluster(pending.name).failure_reason is None
+    started = [e for e in world.events() if e.reason == "NodeStartFailed"]
+    assert [e.message for e in started] == [f"{pending.name}: no memory for the raylet"]
+    assert started[0].type == "Warning"
+
+
 async def test_a_worker_start_raising_fails_the_cluster_and_the_task_is_pruned(world: World) -> None:
     world.provider.workers_gate = asyncio.Event()
     world.provider.start_workers_error = RuntimeError("no memory for the raylet")

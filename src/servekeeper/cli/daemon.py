@@ -104,7 +104,11 @@ def down(
         except StoreError as exc:
             common.errors.print(str(exc), style="red", markup=False)
             raise typer.Exit(1) from exc
-        common.console.print(f"no daemon was running; stopped {stopped} cluster(s) and the ingress directly")
+        common.console.print(f"no daemon was running; stopped {stopped.stopped} cluster(s) and the ingress directly")
+        for kept in stopped.kept:
+            common.errors.print(f"kept on record (run `servekeeper down` again): {kept}", markup=False)
+        if stopped.kept:
+            raise typer.Exit(1)
     common.console.print("servekeeper is down")
 
 

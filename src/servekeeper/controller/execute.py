@@ -24,7 +24,7 @@ from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterPorts, ClusterRecord, Event, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.providers.base import ClusterProvider, ProviderError, RetryableProviderError
+from servekeeper.providers.base import ClusterProvider, ProviderError
 from servekeeper.rayapi.serve_api import ServeClient
 from servekeeper.store.store import Store
 
@@ -168,15 +168,16 @@ class Executor:
             await self.provider.start_nodes(cluster, config, record)
         except asyncio.CancelledError:
             raise
-        except RetryableProviderError as exc:
-            # A node of a serving cluster started again: the cluster stays (one node short,
-            # unhealthy, replaced after the threshold); the next tick tries the start again.
+        except Exception as exc:
             logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, exc)
-            event = Event(cluster.service, self.clock(), "Warning", "NodeStartFailed", str(exc))
-            self.store.add_events([event])
-        except Exception as exc:  # whatever stops a start fails that cluster's rollout, with the cause
-            logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, exc)
-            with contextlib.suppress(KeyError):
+            current = self.store.get_cluster(cluster.name)
+            if current is not None and current.role != ClusterRole.PENDING:
+                # A node of a serving cluster started again: the cluster stays (one node short,
+                # unhealthy, replaced after the threshold); the next tick tries the start again.
+                event = Event(cluster.service, self.clock(), "Warning", "NodeStartFailed", f"{cluster.name}: {exc}")
+                self.store.add_events([event])
+                return
+            with contextlib.suppress(KeyError):  # whatever stops a start fails that cluster's rollout
                 self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
 
     def _restart_workers(self, action: act.RestartWorkers) -> None:

@@ -10,12 +10,12 @@ from servekeeper.dataplane.model import (
     Backend,
     BackendStats,
     DataPlaneError,
-    Endpoint,
     RouteObservation,
     ServiceRoute,
 )
 from servekeeper.dataplane.plane import DataPlane
 from servekeeper.dataplane.process import ProcessInfo
+from servekeeper.model.endpoint import Endpoint  # part of the data plane's API (Backend holds them)
 
 __all__ = [
     "Backend",

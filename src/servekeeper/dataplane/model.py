@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.observation import IngressRouteObservation
 
 # Names end up inside Envoy cluster names and stat names ("cluster.<name>.upstream_rq_active"):
@@ -21,16 +22,6 @@ class DataPlaneError(RuntimeError):
 def check_name(kind: str, name: str) -> None:
     if not _NAME.match(name):
         raise DataPlaneError(f"{kind} name {name!r} must match {_NAME.pattern}")
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
-
-    def __post_init__(self) -> None:
-        if not 0 < self.port < 65536:
-            raise DataPlaneError(f"endpoint port {self.port} is out of range")
 
 
 @dataclass(frozen=True)

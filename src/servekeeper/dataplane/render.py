@@ -27,7 +27,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from servekeeper.dataplane.model import Backend, Endpoint, ServiceRoute
+from servekeeper.dataplane.model import Backend, ServiceRoute
+from servekeeper.model.endpoint import Endpoint
 
 Resource = dict[str, Any]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from servekeeper.dataplane import Endpoint
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.records import ClusterRecord
 
 
@@ -28,11 +28,6 @@ class RetryableProviderError(ProviderError):
 
 class PermanentProviderError(ProviderError):
     """Waiting will not mend it (a host refuses our key or login, its python is not there)."""
-
-
-class NodeStartFailed(RetryableProviderError):
-    """A node of a cluster already serving did not start: the cluster stays (one node short,
-    unhealthy until it runs) and the start is tried again."""
 
 
 class Liveness(NamedTuple):
@@ -77,7 +72,8 @@ class ClusterProvider(Protocol):
 
     async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
         """Start the nodes not running yet (idempotent after a crash); `record` gets each pid at
-        once. Raises NodeStartFailed when a node of a serving cluster did not start."""
+        once. Raises what stopped a node's start; the controller decides what it means (a pending
+        cluster's rollout fails; a serving cluster stays one node short and is started again)."""
         ...
 
     def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:

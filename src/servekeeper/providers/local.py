@@ -24,10 +24,10 @@ from typing import Protocol
 import psutil
 
 from servekeeper.core.hooks import Hooks
-from servekeeper.dataplane import Endpoint
 from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
+from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.records import ClusterRecord
-from servekeeper.providers.base import ClusterRecords, Liveness, ProviderError, RecordChanges
+from servekeeper.providers.base import ClusterRecords, Liveness, PermanentProviderError, ProviderError, RecordChanges
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.ray_start import node_port_args, param_args, resource_args
 
@@ -217,6 +217,8 @@ class LocalProvider:
     async def create(
         self, draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords
     ) -> ClusterRecord:
+        if config.hostPool is not None:  # only the router chooses; a pool spec never runs here by mistake
+            raise PermanentProviderError(f"cluster {draft.name} is for host pool {config.hostPool!r}, not this machine")
         return store_with_local_ports(draft, config, records)
 
     def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:

@@ -20,15 +20,13 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from servekeeper.core.placement import free_room, node_needs, place
-from servekeeper.dataplane import Endpoint
 from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec
-from servekeeper.model.enums import ClusterRole
+from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.hostpool import HostPoolSpec, HostSpec
 from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.base import (
     ClusterRecords,
     Liveness,
-    NodeStartFailed,
     PermanentProviderError,
     ProviderError,
     RecordChanges,
@@ -218,16 +216,8 @@ class PoolClusters:
 
     async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
         """Start the nodes not running yet, head first; each node's pid is recorded as it runs.
-        A failure on a cluster already serving is a NodeStartFailed: it stays, one node short."""
-        try:
-            await self._start(cluster, config, record)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            current = self.store.get_cluster(cluster.name)
-            if current is not None and current.role != ClusterRole.PENDING:
-                raise NodeStartFailed(f"{cluster.name}: {exc}") from exc
-            raise
+        A failure is raised as it is: the controller decides what it means for the cluster."""
+        await self._start(cluster, config, record)
 
     async def _start(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
         assert cluster.pool is not None

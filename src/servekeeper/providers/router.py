@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servekeeper.dataplane import Endpoint
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import ClusterProvider, ClusterRecords, Liveness, RecordChanges
 
