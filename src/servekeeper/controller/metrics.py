@@ -26,6 +26,7 @@ from servekeeper.dataplane.model import BackendStats, DataPlaneError, RouteObser
 from servekeeper.model.enums import ConditionType
 from servekeeper.model.observation import IngressRouteObservation, Observation
 from servekeeper.model.records import Event, ServiceRecord
+from servekeeper.store.facts import applied_at_fact_key
 from servekeeper.store.store import Store
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ STATS_TIMEOUT_S = 2.0
 def applied_at_fact(service: str) -> str:
     """The store fact that holds when the service's latest generation was applied (the API writes
     it in the same transaction as the spec): {"generation": g, "time": t}."""
-    return f"applied-at/{service}"
+    return applied_at_fact_key(service)
 
 
 def record_applied(store: Store, service: str, generation: int, now: float) -> None:

@@ -8,6 +8,7 @@ import sqlite3
 from typing import Any
 
 from servekeeper.model.records import ServiceRecord
+from servekeeper.store.facts import forget_service_facts
 from servekeeper.store.revisions import add_revision, forget_revisions
 from servekeeper.store.rows import insert_or_replace, rows_changed, service_from_row, service_row
 
@@ -104,7 +105,7 @@ def persist_status(
 
 
 def delete_service(db: sqlite3.Connection, name: str, expected_generation: int | None) -> bool:
-    """Forget a deleted service and its revisions. With `expected_generation`, only if the row
+    """Forget a deleted service, its revisions and its facts. With `expected_generation`, only if the row
     is still that generation and marked deleting: an apply stored meanwhile is never lost."""
     if expected_generation is None:
         db.execute("DELETE FROM services WHERE name = ?", (name,))
@@ -115,4 +116,5 @@ def delete_service(db: sqlite3.Connection, name: str, expected_generation: int |
     deleted = rows_changed(db) > 0
     if deleted:
         forget_revisions(db, name)
+        forget_service_facts(db, name)
     return deleted
