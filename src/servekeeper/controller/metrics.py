@@ -12,6 +12,7 @@ No global registry: each daemon (and each test) builds its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -100,6 +101,17 @@ class ControllerMetrics(Collector):
 
     def collect(self) -> Iterable[Metric]:
         return self.registry.collect()
+
+    def forget_service(self, service: str) -> None:
+        """Drop a deleted service's series: a daemon that runs many short-lived services keeps
+        no label set per name it ever saw (a service applied again starts its counters at 0)."""
+        labelled: list[tuple[Counter | Histogram, tuple[str, ...]]] = [
+            (self.rollouts, (service, result)) for result in ROLLOUT_RESULTS
+        ]
+        labelled += [(m, (service,)) for m in (self.rollout_duration, self.config_submissions, self.reconcile_duration)]
+        for metric, labels in labelled:
+            with contextlib.suppress(KeyError):  # a series never created
+                metric.remove(*labels)
 
     def tick_finished(self, service: str, seconds: float) -> None:
         self.reconcile_duration.labels(service).observe(seconds)
