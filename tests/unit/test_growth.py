@@ -157,3 +157,14 @@ def test_a_cluster_keeps_its_newest_submissions_and_those_of_the_configs_it_name
     store.remove_cluster(named.name)
     assert {name for name, _, _ in store.list_submissions()} == {"unnamed"}
     store.close()
+
+
+def test_a_revisions_import_fact_goes_with_the_revision(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store.db")
+    for number in range(1, 4):
+        imported = {"source": "ray.io/v1 RayService", "notes": [], "secretRefs": [], "n": number}
+        store_spec(store, "svc", json.dumps({"n": number}), None, imported, history_limit=2)
+    assert [r.revision for r in store.list_revisions("svc")] == [2, 3]
+    assert store.get_fact("import:svc@1") is None
+    assert [store.get_fact(f"import:svc@{n}")["n"] for n in (2, 3)] == [2, 3]
+    store.close()
