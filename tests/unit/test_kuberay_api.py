@@ -103,3 +103,33 @@ def test_secret_files(secrets_dir: Path) -> None:
         parse_pairs(["novalue"])
     with pytest.raises(SecretError):
         set_secret(secrets_dir, "../evil", {})
+
+
+def test_undo_to_an_imported_revision_exports_its_secret_references_not_values(
+    client: TestClient, secrets_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 19 item 3: the secret references are kept per revision and come back with `undo`;
+    the secret's value appears in no answer of the API (export, get, history, events)."""
+    set_secret(secrets_dir, "api", {"key": "value-of-the-secret"})
+    documents = sample_documents("ray-service.sample.yaml", ray_version=RAY)
+    container = documents[0]["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    container["env"] = [{"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "api", "key": "key"}}}]
+    assert apply(client, documents).json()["generation"] == 1
+    container["env"] = [{"name": "MODE", "value": "plain"}]  # revision 2: no secret at all
+    assert apply(client, documents).json()["generation"] == 2
+    undone = client.post("/api/v1/services/rayservice-sample/undo", json={"toRevision": 1}, headers=AUTH)
+    assert undone.status_code == 200 and undone.json()["generation"] == 3
+    exported = client.get("/api/v1/services/rayservice-sample/export", headers=AUTH).json()["manifest"]
+    head_env = yaml.safe_load(exported)["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    assert {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "api", "key": "key"}}} in (
+        head_env["containers"][0]["env"]
+    )
+    answers = [
+        exported,
+        client.get("/api/v1/services/rayservice-sample", headers=AUTH).text,
+        client.get("/api/v1/services", headers=AUTH).text,
+        client.get("/api/v1/services/rayservice-sample/history", headers=AUTH).text,
+        client.get("/api/v1/events", headers=AUTH).text,
+        client.get("/api/v1/events?service=rayservice-sample", headers=AUTH).text,
+    ]
+    assert all("value-of-the-secret" not in answer for answer in answers)

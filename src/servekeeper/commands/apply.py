@@ -12,7 +12,7 @@ from typing import Any
 
 from servekeeper.commands.context import CommandContext
 from servekeeper.commands.errors import InvalidSpec
-from servekeeper.commands.services import IMPORT_FACT, ray_version
+from servekeeper.commands.services import ray_version
 from servekeeper.controller.metrics import record_applied
 from servekeeper.core.placement import insufficient_capacity
 from servekeeper.core.serve_config import package_hash_of
@@ -23,6 +23,7 @@ from servekeeper.model.spec import ServiceSpec, SpecError, parse_spec
 from servekeeper.providers.machine import machine_capacity
 from servekeeper.providers.pool import pool_problems
 from servekeeper.rayapi.package import PackageError, package_for_spec, prune_packages
+from servekeeper.store.facts import import_fact_key
 from servekeeper.store.secrets import read_secrets
 from servekeeper.store.store import Store
 
@@ -44,9 +45,7 @@ class ApplyCommand:
             raise InvalidSpec([kuberay_path(p) if imported else p for p in problems])
         async with self.context.packaging:  # checked and stored under one lock: two applies cannot take one port
             check_ports_free(self.context.store, spec)
-            result = await self._store_spec(spec)
-            self.context.store.set_fact(IMPORT_FACT.format(name=spec.name), _import_fact(imported))
-            return result
+            return await self._store_spec(spec, _import_fact(imported))
 
     def translate(self, documents: list[Any], base_dir: str | None) -> tuple[ServiceSpec, ImportResult | None]:
         """The spec to store, and how it was imported (None for a servekeeper spec); SpecError."""
@@ -65,7 +64,7 @@ class ApplyCommand:
             return pool_problems(self.context.store, spec.spec.rayClusterConfig)
         return insufficient_capacity(spec, machine_capacity())
 
-    async def _store_spec(self, spec: ServiceSpec) -> dict[str, Any]:
+    async def _store_spec(self, spec: ServiceSpec, imported: dict[str, Any] | None) -> dict[str, Any]:
         packages_dir = self.context.packages_dir
         package_hash = None
         if packages_dir is not None:
@@ -77,7 +76,7 @@ class ApplyCommand:
             package_hash = package.hash if package else None
         store = self.context.store
         service, changed = store_spec(
-            store, spec.name, spec.to_json(), package_hash, history_limit=spec.spec.revisionHistoryLimit
+            store, spec.name, spec.to_json(), package_hash, imported, history_limit=spec.spec.revisionHistoryLimit
         )
         if packages_dir is not None and changed:
             await asyncio.to_thread(prune_packages, packages_dir, packages_in_use(store))
@@ -90,16 +89,22 @@ def store_spec(
     name: str,
     spec_json: str,
     package_hash: str | None,
+    imported: dict[str, Any] | None,
     *,
     history_limit: int,
     cause: str = "apply",
 ) -> tuple[ServiceRecord, bool]:
-    """Store the spec and when it was applied (rollout durations), together; (record, changed)."""
+    """Store the spec, how it was imported (`imported`: its secret references, for the service
+    and for this revision, so that `undo` brings them back) and when it was applied (rollout
+    durations), in one transaction: an export never sees a spec without its secret references.
+    Returns (record, changed)."""
     now = time.time()
     with store.transaction():
         service, changed = store.apply_spec(
             name, spec_json, now, package_hash=package_hash, cause=cause, history_limit=history_limit
         )
+        store.set_fact(import_fact_key(name), imported)
+        store.set_fact(import_fact_key(name, service.generation), imported)
         if changed:
             record_applied(store, service.name, service.generation, now)
     return service, changed

@@ -14,6 +14,7 @@ from servekeeper.commands.context import CommandContext
 from servekeeper.commands.errors import Conflict, RevisionNotFound, ServiceNotFound
 from servekeeper.model.records import Revision
 from servekeeper.model.spec import ServiceSpec
+from servekeeper.store.facts import import_fact_key
 
 SUCCEEDED = "Succeeded"
 
@@ -100,6 +101,8 @@ class RolloutCommands:
                 name,
                 target.spec_json,
                 target.package_hash,
+                # The target's secret references come back with its spec (which holds their values).
+                store.get_fact(import_fact_key(name, target.revision)),
                 history_limit=target_spec.spec.revisionHistoryLimit,
                 cause=f"undo to revision {target.revision}",
             )

@@ -11,9 +11,9 @@ from servekeeper.commands.errors import Invalid, ServiceNotFound
 from servekeeper.kuberay.export import export_manifest, render_manifest
 from servekeeper.kuberay.notes import SecretRef
 from servekeeper.model.spec import ServiceSpec
+from servekeeper.store.facts import import_fact_key
 from servekeeper.views.service import event_view, service_view
 
-IMPORT_FACT = "import:{name}"  # how a service's spec was imported (KubeRay notes, secret refs)
 MAX_EVENTS = 1000
 
 
@@ -35,7 +35,7 @@ class ServiceCommands:
         spec = ServiceSpec.model_validate_json(service.spec_json)
         snapshot = self.context.controller.status_snapshot(name)
         result = service_view(service, spec.spec.ingress.port, store.list_clusters(name), snapshot, time.time())
-        imported = store.get_fact(IMPORT_FACT.format(name=name)) or {}
+        imported = store.get_fact(import_fact_key(name)) or {}
         result["importedFrom"] = imported.get("source")
         result["importNotes"] = imported.get("notes", [])
         return dict(result)  # plain for the routes: a TypedDict there would become FastAPI's response model
@@ -60,7 +60,7 @@ class ServiceCommands:
         if service is None:
             raise ServiceNotFound(name)
         spec = ServiceSpec.model_validate_json(service.spec_json)
-        imported = store.get_fact(IMPORT_FACT.format(name=name)) or {}
+        imported = store.get_fact(import_fact_key(name)) or {}
         refs = [SecretRef.from_json(ref) for ref in imported.get("secretRefs", [])]
         manifest, comments = export_manifest(spec, ray_version(), refs)
         return {"format": "kuberay", "manifest": render_manifest(manifest, comments)}

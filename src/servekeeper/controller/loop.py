@@ -139,10 +139,23 @@ class Controller:
                 delay = STEADY_TICK_SECONDS
             self.metrics.tick_finished(name, time.perf_counter() - started)
             if delay is None:
-                self._wakeups.pop(name, None)
+                self._forget_service(name)
                 return  # the service is gone
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(wakeup.wait(), delay)
+
+    def _forget_service(self, name: str) -> None:
+        """Drop what the controller holds per service once it is gone (a new apply of the name
+        starts afresh): without this, each name ever deleted would keep its state and series."""
+        self._wakeups.pop(name, None)
+        if self.store.get_service(name) is not None:
+            return  # applied again while it was being forgotten: its next loop needs its state
+        if self._service_tasks.get(name) is asyncio.current_task():
+            del self._service_tasks[name]
+        self.observations.pop(name, None)
+        self.executor.shortfalls.pop(name, None)
+        self.executor.unacknowledged_routes.discard(name)
+        self.metrics.forget_service(name)
 
     async def tick(self, name: str) -> float | None:
         """One reconcile pass for one service; returns the delay before the next, or None."""

@@ -12,6 +12,7 @@ No global registry: each daemon (and each test) builds its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -26,6 +27,7 @@ from servekeeper.dataplane.model import BackendStats, DataPlaneError, RouteObser
 from servekeeper.model.enums import ConditionType
 from servekeeper.model.observation import IngressRouteObservation, Observation
 from servekeeper.model.records import Event, ServiceRecord
+from servekeeper.store.facts import applied_at_fact_key
 from servekeeper.store.store import Store
 
 logger = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ STATS_TIMEOUT_S = 2.0
 def applied_at_fact(service: str) -> str:
     """The store fact that holds when the service's latest generation was applied (the API writes
     it in the same transaction as the spec): {"generation": g, "time": t}."""
-    return f"applied-at/{service}"
+    return applied_at_fact_key(service)
 
 
 def record_applied(store: Store, service: str, generation: int, now: float) -> None:
@@ -99,6 +101,17 @@ class ControllerMetrics(Collector):
 
     def collect(self) -> Iterable[Metric]:
         return self.registry.collect()
+
+    def forget_service(self, service: str) -> None:
+        """Drop a deleted service's series: a daemon that runs many short-lived services keeps
+        no label set per name it ever saw (a service applied again starts its counters at 0)."""
+        labelled: list[tuple[Counter | Histogram, tuple[str, ...]]] = [
+            (self.rollouts, (service, result)) for result in ROLLOUT_RESULTS
+        ]
+        labelled += [(m, (service,)) for m in (self.rollout_duration, self.config_submissions, self.reconcile_duration)]
+        for metric, labels in labelled:
+            with contextlib.suppress(KeyError):  # a series never created
+                metric.remove(*labels)
 
     def tick_finished(self, service: str, seconds: float) -> None:
         self.reconcile_duration.labels(service).observe(seconds)

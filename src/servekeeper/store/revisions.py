@@ -7,6 +7,7 @@ import hashlib
 import sqlite3
 
 from servekeeper.model.records import Revision, ServiceRecord
+from servekeeper.store.facts import forget_pruned_revision_facts
 from servekeeper.store.rows import revision_from_row, rows_changed
 
 PROGRESSING = "Progressing"  # a revision's outcome while it rolls out
@@ -26,6 +27,7 @@ def add_revision(db: sqlite3.Connection, service: ServiceRecord, cause: str, now
         (service.name, service.generation, service.spec_json, spec_hash, service.package_hash, now, cause, PROGRESSING),
     )
     db.execute("DELETE FROM revisions WHERE service = ? AND revision <= ?", (service.name, service.generation - limit))
+    forget_pruned_revision_facts(db, service.name)
 
 
 def list_revisions(db: sqlite3.Connection, service: str) -> list[Revision]:

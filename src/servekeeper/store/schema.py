@@ -145,6 +145,39 @@ MIGRATIONS: tuple[Migration, ...] = (
         ALTER TABLE clusters ADD COLUMN nodes_json TEXT NOT NULL DEFAULT '[]';
         """,
     ),
+    Migration(
+        8,
+        "bounded growth (issue 19): submissions indexed by (cluster, config hash), those of removed clusters "
+        "gone and at most 50 per cluster beyond the configs it names; the facts of deleted services gone, and "
+        "of their events the newest 100 in all; each service's import fact kept for its current revision too",
+        """
+        CREATE INDEX submissions_by_cluster ON submissions(cluster, config_hash, id);
+        DELETE FROM submissions WHERE cluster NOT IN (SELECT name FROM clusters);
+        DELETE FROM submissions WHERE id IN (
+            SELECT id FROM (
+                SELECT id, cluster, config_hash,
+                       ROW_NUMBER() OVER (PARTITION BY cluster ORDER BY id DESC) AS newest
+                FROM submissions
+            ) AS ranked
+            WHERE newest > 50 AND NOT EXISTS (
+                SELECT 1 FROM clusters WHERE clusters.name = ranked.cluster AND ranked.config_hash IN
+                    (clusters.good_config_hash, clusters.applied_config_hash, clusters.submitted_config_hash)
+            )
+        );
+        DELETE FROM facts WHERE substr(key, 1, 11) = 'applied-at/'
+            AND substr(key, 12) NOT IN (SELECT name FROM services);
+        DELETE FROM facts WHERE substr(key, 1, 7) = 'import:' AND NOT EXISTS (
+            SELECT 1 FROM services WHERE facts.key = 'import:' || services.name
+                OR substr(facts.key, 1, length(services.name) + 8) = 'import:' || services.name || '@'
+        );
+        INSERT OR IGNORE INTO facts (key, value_json)
+            SELECT 'import:' || services.name || '@' || services.generation, facts.value_json
+            FROM services JOIN facts ON facts.key = 'import:' || services.name;
+        DELETE FROM events WHERE service NOT IN (SELECT name FROM services) AND id NOT IN (
+            SELECT id FROM events WHERE service NOT IN (SELECT name FROM services) ORDER BY id DESC LIMIT 100
+        )
+        """,
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

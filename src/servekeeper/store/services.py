@@ -8,6 +8,8 @@ import sqlite3
 from typing import Any
 
 from servekeeper.model.records import ServiceRecord
+from servekeeper.store.events import prune_deleted_services_events
+from servekeeper.store.facts import forget_service_facts
 from servekeeper.store.revisions import add_revision, forget_revisions
 from servekeeper.store.rows import insert_or_replace, rows_changed, service_from_row, service_row
 
@@ -104,8 +106,9 @@ def persist_status(
 
 
 def delete_service(db: sqlite3.Connection, name: str, expected_generation: int | None) -> bool:
-    """Forget a deleted service and its revisions. With `expected_generation`, only if the row
-    is still that generation and marked deleting: an apply stored meanwhile is never lost."""
+    """Forget a deleted service, its revisions and its facts (of its events, see `events`). With
+    `expected_generation`, only if the row is still that generation and marked deleting: an apply
+    stored meanwhile is never lost."""
     if expected_generation is None:
         db.execute("DELETE FROM services WHERE name = ?", (name,))
     else:
@@ -115,4 +118,6 @@ def delete_service(db: sqlite3.Connection, name: str, expected_generation: int |
     deleted = rows_changed(db) > 0
     if deleted:
         forget_revisions(db, name)
+        forget_service_facts(db, name)
+        prune_deleted_services_events(db)
     return deleted

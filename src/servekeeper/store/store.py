@@ -246,8 +246,10 @@ class Store:
             return clusters.request_abort(db, service)
 
     def remove_cluster(self, name: str) -> None:
+        """Forget a stopped cluster, and the audit of the configs sent to it."""
         with self._writing() as db:
             clusters.remove_cluster(db, name)
+            submissions.forget_cluster_submissions(db, name)
 
     # -- events, submissions, facts ------------------------------------------------------
 
