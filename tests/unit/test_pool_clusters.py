@@ -14,7 +14,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from servekeeper.commands.hosts import usage
 from servekeeper.controller.loop import Controller
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
@@ -27,6 +26,7 @@ from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.router import ProviderRouter
 from servekeeper.providers.ssh import CommandFailed, HostKeyRefused, HostUnreachable
 from servekeeper.store.store import Store
+from servekeeper.views.hosts import usage
 from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe
 from tests.unit.ssh_fakes import FakeFleet, FakeSshConnection, pool_document
 from tests.unit.test_controller import NAME, World, make_spec
@@ -213,7 +213,8 @@ async def test_a_node_stopped_for_sure_frees_its_room_while_another_resists(tmp_
     assert await pools.stop(old, record) == ["b:4242"]
     head, worker = store.get_cluster("old").nodes  # type: ignore[union-attr]
     assert head.stopped and not worker.stopped  # the cluster stays on record: b still runs a node of it
-    assert [(host, [u["cluster"] for u in used]) for host, used in usage(store, "fleet").items()] == [("b", ["old"])]
+    used_by = usage(store.list_clusters(), "fleet")
+    assert [(host, [u["cluster"] for u in used]) for host, used in used_by.items()] == [("b", ["old"])]
 
     one_host = pool_spec(workers=0, cpus=4).spec.rayClusterConfig
     new = await pools.new_record(draft("new", one_host), one_host, store)

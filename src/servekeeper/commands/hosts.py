@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 from servekeeper.commands.errors import Conflict, HostPoolNotFound, InvalidSpec
-from servekeeper.core.placement import nodes_taking_room
 from servekeeper.model.hostpool import HostPoolRecord, HostPoolSpec, HostSpec, parse_host_pool
 from servekeeper.model.spec import SpecError
+from servekeeper.model.wire import HostCheckView, PoolCheckView
 from servekeeper.providers.ssh import (
     AuthenticationRefused,
     HostKeyRefused,
@@ -25,58 +25,11 @@ from servekeeper.providers.ssh import (
     version_mismatch,
 )
 from servekeeper.store.store import Store
-
-Usage = dict[str, list[dict[str, Any]]]  # host name -> the nodes of clusters placed there
-
-
-def usage(store: Store, pool: str) -> Usage:
-    """What each cluster's nodes take of each host of `pool` (pending and draining ones too; a
-    node of a deleted cluster until it is stopped)."""
-    used: Usage = {}
-    for cluster in store.list_clusters():
-        if cluster.pool != pool:
-            continue
-        for node, need in nodes_taking_room(cluster):
-            used.setdefault(node.host, []).append(
-                {
-                    "cluster": cluster.name,
-                    "service": cluster.service,
-                    "role": node.role,
-                    "cpus": need.cpus,
-                    "gpus": need.gpus,
-                    "memoryBytes": need.memory_bytes,
-                }
-            )
-    return used
+from servekeeper.views.hosts import Usage, host_check_view, pool_view, usage
 
 
-def host_view(host: HostSpec, used: Usage | None = None) -> dict[str, Any]:
-    return {
-        "name": host.name,
-        "address": host.address,
-        "sshUser": host.ssh.user,
-        "sshPort": host.ssh.port,
-        "python": host.python,
-        "resources": host.resources.model_dump(mode="json"),
-        "used": (used or {}).get(host.name, []),
-    }
-
-
-def pool_view(record: HostPoolRecord, used: Usage | None = None) -> dict[str, Any]:
-    return {
-        "name": record.name,
-        "createdAt": record.created_at,
-        "updatedAt": record.updated_at,
-        "hosts": [host_view(host, used) for host in record.spec().spec.hosts],
-    }
-
-
-async def check_one(host: HostSpec, controller: Versions, used: Usage | None = None) -> dict[str, Any]:
-    """Connect to `host` and compare its Python and Ray with the controller's.
-
-    state: ok | mismatch (versions differ) | refused (host key or login refused) |
-    unreachable (no answer; may pass later) | error (the version command failed)."""
-    result = {**host_view(host, used), "python": None, "ray": None, "pythonPath": host.python}
+async def check_one(host: HostSpec, controller: Versions, used: Usage | None = None) -> HostCheckView:
+    """Connect to `host` and compare its Python and Ray with the controller's."""
     try:
         versions = await check_host(host)
     except SshError as exc:
@@ -86,17 +39,10 @@ async def check_one(host: HostSpec, controller: Versions, used: Usage | None = N
             state = "refused"
         else:
             state = "error"
-        return {**result, "state": state, "reachable": False, "ok": False, "problem": str(exc)}
+        return host_check_view(host, used, state=state, problem=str(exc))
     problem = version_mismatch(host.name, versions, controller)
-    return {
-        **result,
-        "python": versions.python,
-        "ray": versions.ray,
-        "state": "mismatch" if problem else "ok",
-        "reachable": True,
-        "ok": problem is None,
-        "problem": problem,
-    }
+    state = "mismatch" if problem else "ok"
+    return host_check_view(host, used, state=state, problem=problem, python=versions.python, ray=versions.ray)
 
 
 def hosts_in_use(store: Store, pool: str) -> dict[str, set[str]]:
@@ -149,10 +95,11 @@ class HostPoolCommands:
             )
 
     def views(self) -> list[dict[str, Any]]:
-        return [pool_view(record, usage(self.store, record.name)) for record in self.store.list_host_pools()]
+        clusters = self.store.list_clusters()
+        return [dict(pool_view(record, usage(clusters, record.name))) for record in self.store.list_host_pools()]
 
     def view(self, name: str) -> dict[str, Any]:
-        return pool_view(self.record(name), usage(self.store, name))
+        return dict(pool_view(self.record(name), usage(self.store.list_clusters(), name)))
 
     def delete(self, name: str) -> dict[str, Any]:
         """Forget the pool; Conflict while any cluster has a node on one of its hosts."""
@@ -169,11 +116,12 @@ class HostPoolCommands:
         """Every host of the pool checked at once against the controller's Ray and Python."""
         hosts = self.record(name).spec().spec.hosts
         controller = controller_versions()
-        used = usage(self.store, name)
+        used = usage(self.store.list_clusters(), name)
         results = await asyncio.gather(*(check_one(host, controller, used) for host in hosts))
-        return {
+        check: PoolCheckView = {
             "name": name,
             "controller": {"python": controller.python, "ray": controller.ray},
             "ok": all(result["ok"] for result in results),
             "hosts": list(results),
         }
+        return dict(check)  # plain for the routes: a TypedDict there would become FastAPI's response model

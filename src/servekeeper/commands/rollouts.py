@@ -14,24 +14,11 @@ from servekeeper.commands.context import CommandContext
 from servekeeper.commands.errors import Conflict, RevisionNotFound, ServiceNotFound
 from servekeeper.model.records import Revision
 from servekeeper.model.spec import ServiceSpec
+from servekeeper.model.wire import HistoryView
 from servekeeper.store.facts import import_fact_key
+from servekeeper.views.history import revision_view
 
 SUCCEEDED = "Succeeded"
-
-
-def revision_view(revision: Revision, current: int) -> dict[str, Any]:
-    return {
-        "revision": revision.revision,
-        "current": revision.revision == current,
-        "createdAt": revision.created_at,
-        "specHash": revision.spec_hash,
-        "packageHash": revision.package_hash,
-        "cause": revision.cause,
-        "outcome": revision.outcome,
-        "endedAt": revision.ended_at,
-        "endedBy": revision.ended_by,
-        "message": revision.message,
-    }
 
 
 def undo_target(revisions: list[Revision], current: int, wanted: int | None) -> Revision:
@@ -82,7 +69,8 @@ class RolloutCommands:
         if service is None:
             raise ServiceNotFound(name)
         revisions = self.context.store.list_revisions(name)
-        return {"name": name, "revisions": [revision_view(r, service.generation) for r in revisions]}
+        history: HistoryView = {"name": name, "revisions": [revision_view(r, service.generation) for r in revisions]}
+        return dict(history)  # plain for the routes: a TypedDict there would become FastAPI's response model
 
     async def undo(self, name: str, to_revision: int | None) -> dict[str, Any]:
         store, packages_dir = self.context.store, self.context.packages_dir
