@@ -42,6 +42,7 @@ TERMINAL = (150, 45)  # columns, rows of the tmux window
 class Observed:
     # the dashboard
     login_url: str = ""
+    dashboard: str = ""  # the dashboard's URL: the API's, then /ui/<secret path key>
     landed_url: str = ""
     cookie: dict[str, Any] = field(default_factory=dict)
     services_row: str = ""
@@ -130,6 +131,7 @@ def run_observed_upgrade(workdir: Path) -> Observed:
         observed.active_before = sk.api_get("hello")["activeCluster"]["name"]
         api = str(json.loads((state_dir / "api.json").read_text())["url"])
         observed.login_url = sk.cli("dashboard").stdout.strip()
+        observed.dashboard = observed.login_url.split("/login?")[0]
 
         with sync_playwright() as playwright, TrickleLoad(f"http://127.0.0.1:{port}/"):
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -147,13 +149,15 @@ def run_observed_upgrade(workdir: Path) -> Observed:
             observed.unauthenticated["browser /ui"] = _status(strange_page.goto(f"{api}/ui"))
             observed.unauthenticated["spent login url"] = _status(strange_page.goto(observed.login_url))
             stranger.close()
-            observed.unauthenticated["http /ui/services/hello"] = httpx.get(f"{api}/ui/services/hello").status_code
+            observed.unauthenticated["http /ui/KEY/services/hello"] = httpx.get(
+                f"{observed.dashboard}/services/hello"
+            ).status_code
             session = {"servekeeper_session": observed.cookie["value"]}
             observed.unauthenticated["api with the session cookie only"] = httpx.get(
                 f"{api}/api/v1/services", cookies=session
             ).status_code
 
-            page.goto(f"{api}/ui/services/hello")
+            page.goto(f"{observed.dashboard}/services/hello")
             page.wait_for_selector("tr.cluster")
 
             # The upgrade: the live view in tmux starts it; the piped watcher and the page follow.

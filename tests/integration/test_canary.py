@@ -191,12 +191,12 @@ def test_pause_waits_for_promote_and_undo_in_the_window_switches_back_without_a_
     shared.sk.apply(shared.spec("v5", steps=[{"setWeight": 30}, {"pause": {}}], rollback_window_s=120))
     shared.wait_event("CanaryWeight", applied, timeout=120)
     login_url = shared.sk.cli("dashboard").stdout.strip()
-    api = login_url.split("/ui")[0]
+    dashboard = login_url.split("/login?")[0]  # the API's URL, then /ui/<secret path key>
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
         page.goto(login_url)
-        page.goto(f"{api}/ui/services/{NAME}")
+        page.goto(f"{dashboard}/services/{NAME}")
         page.wait_for_selector("text=pause until promote")
         time.sleep(3)
         canary = shared.canary()

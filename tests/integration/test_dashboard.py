@@ -13,10 +13,15 @@ pytestmark = pytest.mark.ray
 
 
 def test_login_url_gives_a_session_cookie_and_leaves_no_secret_in_the_url(observed_upgrade: Observed) -> None:
-    assert "/ui/login?code=" in observed_upgrade.login_url
-    assert observed_upgrade.landed_url.endswith("/ui") and "code=" not in observed_upgrade.landed_url
+    # Under the daemon's secret path key, which is also the cookie's Path: browsers send a cookie
+    # to every port of 127.0.0.1, so a plain /ui would reach a server on another port too.
+    dashboard = observed_upgrade.dashboard
+    assert observed_upgrade.login_url.startswith(f"{dashboard}/login?code=")
+    key = dashboard.split("/ui/")[1]
+    assert len(key) >= 22 and "/" not in key
+    assert observed_upgrade.landed_url.endswith(f"/ui/{key}") and "code=" not in observed_upgrade.landed_url
     cookie = observed_upgrade.cookie
-    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == f"/ui/{key}"
     assert observed_upgrade.active_before in observed_upgrade.services_row
 
 
@@ -24,7 +29,7 @@ def test_without_the_session_everything_is_401(observed_upgrade: Observed) -> No
     assert observed_upgrade.unauthenticated == {
         "browser /ui": 401,
         "spent login url": 401,
-        "http /ui/services/hello": 401,
+        "http /ui/KEY/services/hello": 401,
         "api with the session cookie only": 401,
     }
 

@@ -17,7 +17,7 @@ from servekeeper.web.auth import CSRF_HEADER, SESSION_COOKIE, DashboardAuth, sam
 from servekeeper.web.pages import Dashboard
 from tests.unit.test_client import TOKEN, FakeController, document
 from tests.unit.test_client_rollouts import pending_cluster
-from tests.unit.test_dashboard_commands import AUTH, ORIGIN, login, promotes
+from tests.unit.test_dashboard_commands import AUTH, BUTTONS, ORIGIN, base_path, login, promotes
 
 NON_ASCII = ["é", "ü" * 43, "\u2603", "abc\u00ff"]
 
@@ -56,33 +56,33 @@ def test_same_secret_takes_any_text() -> None:
 @pytest.mark.parametrize("value", NON_ASCII)
 def test_a_non_ascii_login_code_is_401(browser: TestClient, value: str) -> None:
     path = browser.post("/api/v1/dashboard/login-codes", headers=AUTH).json()["path"]  # a code waits
-    response = browser.get("/ui/login", params={"code": value}, follow_redirects=False)
+    response = browser.get(f"{base_path(browser)}/login", params={"code": value}, follow_redirects=False)
     assert response.status_code == 401
     assert browser.get(path, follow_redirects=False).status_code == 303  # the waiting code still works
 
 
 @pytest.mark.parametrize("value", ["é", "\u00ff" * 43])
 def test_a_non_ascii_session_cookie_is_401(browser: TestClient, value: str) -> None:
-    login(browser)  # a session exists, so the cookie is compared with it
+    base = login(browser).base  # a session exists, so the cookie is compared with it
     cookie = f"{SESSION_COOKIE}={value}".encode("latin-1")
-    for path in ("/ui", "/ui/services/hello"):
+    for path in (base, f"{base}/services/hello"):
         assert browser.get(path, headers={"Cookie": cookie}).status_code == 401
-    assert browser.post("/ui/services/hello/abort", headers={"Cookie": cookie}).status_code == 401
+    assert browser.post(f"{base}/services/hello/abort", headers={"Cookie": cookie}).status_code == 401
 
 
 def test_a_utf8_session_cookie_is_401(browser: TestClient) -> None:
-    login(browser)
+    base = login(browser).base
     cookie = f"{SESSION_COOKIE}=\u2603".encode()  # UTF-8 bytes, read back as latin-1 text
-    assert browser.get("/ui", headers={"Cookie": cookie}).status_code == 401
+    assert browser.get(base, headers={"Cookie": cookie}).status_code == 401
 
 
 @pytest.mark.parametrize("value", ["é", "\u00ff" * 64])
 def test_a_non_ascii_csrf_header_is_403_and_changes_nothing(browser: TestClient, store: Store, value: str) -> None:
     store.put_cluster(pending_cluster())
-    login(browser)
+    base = login(browser).base
     headers = {"Origin": ORIGIN, CSRF_HEADER: value.encode("latin-1")}
-    for path in ("/ui/services/hello/promote", "/ui/services/hello/abort", "/ui/services/hello/undo"):
-        assert browser.post(path, headers=headers).status_code == 403
+    for path in BUTTONS:
+        assert browser.post(base + path, headers=headers).status_code == 403
     assert promotes(store) == (0, False, False)
 
 

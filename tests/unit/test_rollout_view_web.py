@@ -3,6 +3,7 @@ rates, the SVG charts, and the /ui routes on a FastAPI app with fake views."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -102,22 +103,55 @@ def client(dashboard: Dashboard) -> TestClient:
     return TestClient(app, base_url="http://127.0.0.1")
 
 
-def login(client: TestClient) -> None:
+def login(client: TestClient) -> str:
+    """Log in as `servekeeper dashboard` does; the dashboard's (secret) base path."""
     path = client.post("/api/v1/dashboard/login-codes").json()["path"]
+    base = path.split("/login?")[0]
     response = client.get(path, follow_redirects=False)
-    assert response.status_code == 303 and response.headers["location"] == "/ui"
+    assert response.status_code == 303 and response.headers["location"] == base
     cookie = response.headers["set-cookie"]
-    for attribute in ("HttpOnly", "SameSite=strict", "Path=/ui", "Max-Age=3600"):
+    for attribute in ("HttpOnly", "SameSite=strict", f"Path={base};", "Max-Age=3600"):
         assert attribute.lower() in cookie.lower()
+    return base
+
+
+def test_the_session_cookie_is_bound_to_a_secret_path_of_this_daemon(client: TestClient) -> None:
+    """Issue 19, defect 8: browsers send a cookie to every port of 127.0.0.1, so with `Path=/ui`
+    a server on another port got the session. The dashboard and its cookie's Path are under a
+    path key of this daemon's, unguessable and different for every daemon."""
+    path = client.post("/api/v1/dashboard/login-codes").json()["path"]
+    found = re.fullmatch(r"/ui/([A-Za-z0-9_-]{22,})/login\?code=[A-Za-z0-9_-]+", path)
+    assert found is not None, path
+    key = found.group(1)
+    assert DashboardAuth().base_path != f"/ui/{key}" and DashboardAuth().base_path.startswith("/ui/")
+    response = client.get(path, follow_redirects=False)
+    assert response.headers["location"] == f"/ui/{key}"
+    assert f"Path=/ui/{key};" in response.headers["set-cookie"]
+    assert client.get(f"/ui/{key}").status_code == 200
+    # The cookie goes with requests under the key only (the jar keeps its Path, as a browser does).
+    session = client.cookies.get(SESSION_COOKIE)
+    assert session
+    for elsewhere in ("/ui", f"/ui/{key[:-1]}", "/ui/services/hello"):
+        sent = client.build_request("GET", elsewhere)
+        assert SESSION_COOKIE not in sent.headers.get("cookie", ""), elsewhere
+    # With the session but another key (a guess, or an old daemon's link): 401, and a code is not spent.
+    cookies = {"Cookie": f"{SESSION_COOKIE}={session}"}
+    other = key[:-1] + ("a" if key[-1] != "a" else "b")
+    assert client.get(f"/ui/{other}", headers=cookies).status_code == 401
+    assert client.get(f"/ui/{other}/services/hello", headers=cookies).status_code == 401
+    waiting = client.post("/api/v1/dashboard/login-codes").json()["path"]
+    assert client.get(waiting.replace(key, "not-the-key"), follow_redirects=False).status_code == 401
+    assert client.get(waiting, follow_redirects=False).status_code == 303
 
 
 @pytest.mark.parametrize(
-    "path", ["/ui", "/ui/services/hello", "/ui/services/hello/live", "/ui/fragments/services", "/ui/static/htmx.min.js"]
+    "path", ["", "/services/hello", "/services/hello/live", "/fragments/services", "/static/htmx.min.js"]
 )
-def test_every_page_needs_the_session(client: TestClient, path: str) -> None:
-    assert client.get(path).status_code == 401
+def test_every_page_needs_the_session(client: TestClient, dashboard: Dashboard, path: str) -> None:
+    assert client.get(dashboard.auth.base_path + path).status_code == 401
     client.cookies.set(SESSION_COOKIE, "forged")
-    assert client.get(path).status_code == 401
+    assert client.get(dashboard.auth.base_path + path).status_code == 401
+    assert client.get("/ui").status_code == 401  # the old address says how to log in
 
 
 def test_a_spent_code_gets_401(client: TestClient) -> None:
@@ -125,30 +159,34 @@ def test_a_spent_code_gets_401(client: TestClient) -> None:
     assert client.get(path, follow_redirects=False).status_code == 303
     client.cookies.clear()
     assert client.get(path, follow_redirects=False).status_code == 401
-    assert client.get("/ui/login?code=nonsense").status_code == 401
+    assert client.get(path.split("?")[0] + "?code=nonsense").status_code == 401
 
 
 def test_pages_after_login(client: TestClient, dashboard: Dashboard) -> None:
-    login(client)
-    listing = client.get("/ui")
+    base = login(client)
+    listing = client.get(base)
     assert listing.status_code == 200 and listing.headers["cache-control"] == "no-store"
+    assert listing.headers["referrer-policy"] == "same-origin"
     assert 'data-service="hello"' in listing.text and "hello-g1-aaaaaa" in listing.text
-    page = client.get("/ui/services/hello")
+    assert f'href="{base}/services/hello"' in listing.text and f'hx-get="{base}/fragments/services"' in listing.text
+    assert f'<script src="{base}/static/htmx.min.js">' in listing.text
+    page = client.get(f"{base}/services/hello")
     assert 'data-cluster="hello-g2-bbbbbb" data-role="pending"' in page.text
     assert 'data-percent="100"' in page.text and "switching traffic" in page.text
-    assert "ClusterCreating" in page.text and 'hx-get="/ui/services/hello/live"' in page.text
-    assert client.get("/ui/services/nope").status_code == 404
+    assert "ClusterCreating" in page.text and f'hx-get="{base}/services/hello/live"' in page.text
+    assert f'hx-get="{base}/services/hello/charts"' in page.text
+    assert client.get(f"{base}/services/nope").status_code == 404
     dashboard.history.add(996.0, {"hello-g1-aaaaaa": stats(0)})
     dashboard.history.add(998.0, {"hello-g1-aaaaaa": stats(100, buckets={5.0: 99, 25.0: 100})})
-    charts = client.get("/ui/services/hello/charts")
+    charts = client.get(f"{base}/services/hello/charts")
     assert charts.text.count("<svg") == 3 and "<polyline" not in charts.text and "<circle" in charts.text
-    script = client.get("/ui/static/htmx.min.js")
+    script = client.get(f"{base}/static/htmx.min.js")
     assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
 
 
 def test_unknown_service_page_is_404_not_500(client: TestClient) -> None:
-    login(client)
-    assert client.get("/ui/services/nope/live").status_code == 404
+    base = login(client)
+    assert client.get(f"{base}/services/nope/live").status_code == 404
 
 
 def test_running_cluster_without_probes_renders() -> None:
@@ -160,6 +198,6 @@ def test_running_cluster_without_probes_renders() -> None:
     board = Dashboard()
     app.include_router(dashboard_router(board, source))
     client = TestClient(app, base_url="http://127.0.0.1")
-    login(client)
-    page = client.get("/ui/services/hello")
+    base = login(client)
+    page = client.get(f"{base}/services/hello")
     assert page.status_code == 200 and "0/?" in page.text

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from servekeeper.api.errors import add_error_handler
+from servekeeper.api.errors import ERROR_RESPONSES, add_error_handler
 from servekeeper.api.hosts import host_routes
 from servekeeper.api.rollouts import rollout_routes
 from servekeeper.api.services import event_routes, service_routes
@@ -53,7 +53,9 @@ def build_app(
         secrets_dir = packages_dir.parent / "secrets"
     context = CommandContext(store, controller, packages_dir, secrets_dir)
     services, rollouts = ServiceCommands(context), RolloutCommands(context)
-    app = FastAPI(title="servekeeper", version="v1alpha1", docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="servekeeper", version="v1alpha1", docs_url=None, redoc_url=None, responses=ERROR_RESPONSES
+    )
     _require_token(app, token, dashboard_open=dashboard is not None)
     add_error_handler(app)
 

@@ -76,8 +76,9 @@ def dashboard(
     state_dir: StateDir = None,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the URL in a browser.")] = False,
 ) -> None:
-    """Print a URL that logs a browser in to the web dashboard (a one-time code, valid 60 s,
-    exchanged for a session cookie; the API token never leaves this machine's state dir)."""
+    """Print a URL that logs a browser in to the web dashboard: its secret path (new with every
+    daemon, also the session cookie's Path) and a one-time code, valid 60 s, exchanged for a
+    session cookie; the API token never leaves this machine's state dir."""
     with common.shown_errors():
         client = common.client(state_dir)
         url = client.dashboard_login_url()

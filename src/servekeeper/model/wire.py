@@ -203,7 +203,7 @@ class OkView(TypedDict):
 
 
 class LoginCodeView(TypedDict):
-    path: str  # "/ui/login?code=..."
+    path: str  # "/ui/<secret path key>/login?code=..."
     expiresInSeconds: float
 
 

@@ -2,12 +2,17 @@
 
 `servekeeper dashboard` asks the API (bearer token) for a login code and prints a URL with it.
 The browser's first request spends the code (once, within `CODE_SECONDS`) and gets an
-`HttpOnly`, `SameSite=Strict` session cookie instead, then a redirect to `/ui`: the URL left
-in the browser's history holds a spent code, never the API token. Sessions live in the daemon's
-memory only; a daemon restart logs every browser out, which is the safe direction.
+`HttpOnly`, `SameSite=Strict` session cookie instead, then a redirect to the dashboard: the URL
+left in the browser's history holds a spent code, never the API token. Sessions live in the
+daemon's memory only; a daemon restart logs every browser out, which is the safe direction.
+
+The dashboard lives under a secret path of this daemon's, `/ui/<path key>`, and the cookie's
+`Path` is that path. Browsers do not isolate cookies by port, so a cookie with `Path=/ui` would
+also go to whatever listens on another port of 127.0.0.1 (a local user's server, which could then
+read pages and their CSRF token with it); a path nobody else knows keeps it to this dashboard.
 
 A POST (promote, abort, undo) also needs the session's CSRF token in the `X-Servekeeper-CSRF`
-header (see `web.py`): an HMAC of the session id under a key of this daemon's, so a page of
+header (see `pages.py`): an HMAC of the session id under a key of this daemon's, so a page of
 another origin can neither read it nor send the header without a CORS preflight nobody answers.
 """
 
@@ -45,6 +50,15 @@ class DashboardAuth:
         self._codes: dict[str, float] = {}  # code -> expiry
         self._sessions: dict[str, float] = {}  # session id -> expiry
         self._csrf_key = secrets.token_bytes(32)
+        self._path_key = secrets.token_urlsafe(16)
+
+    @property
+    def base_path(self) -> str:
+        """Where this daemon's dashboard lives, and the session cookie's `Path`: secret, per daemon."""
+        return f"/ui/{self._path_key}"
+
+    def path_key_valid(self, key: str) -> bool:
+        return same_secret(self._path_key, key)
 
     def _expire(self) -> None:
         now = self._clock()

@@ -1,17 +1,20 @@
-"""The web dashboard at `/ui`, served by the daemon on the API's port.
+"""The web dashboard, served by the daemon on the API's port under `/ui/<path key>`.
 
 Pages are rendered on the server with Jinja2 from the same service views the CLI prints
 (`views/service.py`) and the same rollout phase as `rollout status` (`views/rollout.py`); the
 live parts are fragments that htmx (vendored under `static/`, no build step) polls every
-second. Every `/ui` path but the login needs the session cookie (see `auth.py`); the API's
-bearer token is never accepted or needed here.
+second. Every dashboard path, the login included, starts with this daemon's secret path key,
+which is also the session cookie's `Path` (see `auth.py`); every one but the login needs the
+session cookie; the API's bearer token is never accepted or needed here. Templates build every
+link from `ui`, the dashboard's base path.
 
-The rollout buttons (promote, abort, undo) POST to `/ui/services/NAME/...` and run the same
+The rollout buttons (promote, abort, undo) POST to `<base>/services/NAME/...` and run the same
 commands as the API (`commands.rollouts.RolloutCommands`); a refusal answers with the API's
-status for it (`api/errors.py`). Besides the session, a POST must carry the
-session's CSRF token in a header (htmx adds it from the page) and, when the browser says where
-it comes from (`Origin`, `Sec-Fetch-Site`), come from this origin: the session cookie is
-`SameSite=Strict`, but another port of 127.0.0.1 is the same *site*, so that alone is not enough.
+status for it (`api/errors.py`). Besides the session, a POST must carry the session's CSRF token
+in a header (htmx adds it from the page) and say that it comes from this origin: an `Origin`
+equal to ours or `Sec-Fetch-Site: same-origin` (every current browser sends both on a fetch);
+one that says nothing is refused. The session cookie is `SameSite=Strict`, but another port of
+127.0.0.1 is the same *site*, so that alone is not enough.
 """
 
 from __future__ import annotations
@@ -34,7 +37,10 @@ from servekeeper.web.charts import legend_color, line_chart
 from servekeeper.web.stats import StatsHistory, series, service_backends
 
 CHART_SECONDS = 300.0
-NO_STORE = {"Cache-Control": "no-store"}
+# `same-origin`, not `no-referrer`: the secret path stays out of any other site's Referer, and
+# a same-origin POST keeps its real `Origin` (under `no-referrer` browsers send `Origin: null`).
+PAGE_HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "same-origin"}
+LOGIN_HINT = "log in with the URL that `servekeeper dashboard` prints"
 
 View = dict[str, Any]
 
@@ -75,8 +81,9 @@ def undo_possible(view: Mapping[str, Any], revisions: Sequence[Mapping[str, Any]
     return any(r["revision"] < generation and r["outcome"] == "Succeeded" for r in revisions)
 
 
-def _templates() -> Jinja2Templates:
+def _templates(base_path: str) -> Jinja2Templates:
     env = Environment(loader=PackageLoader("servekeeper.web", "templates"), autoescape=select_autoescape(["html"]))
+    env.globals["ui"] = base_path
     env.filters["when"] = lambda t: time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
     env.globals["legend_color"] = legend_color
     return Jinja2Templates(env=env)
@@ -127,15 +134,16 @@ def _service_context(source: ViewSource, auth: DashboardAuth, request: Request, 
 
 
 def dashboard_router(dashboard: Dashboard, source: ViewSource, clock: Callable[[], float] = time.time) -> APIRouter:
-    templates = _templates()
     auth = dashboard.auth
+    templates = _templates(auth.base_path)
 
-    def session(request: Request) -> None:
-        if not auth.valid(request.cookies.get(SESSION_COOKIE)):
-            raise HTTPException(status_code=401, detail="log in with the URL that `servekeeper dashboard` prints")
+    def session(request: Request, key: str) -> None:
+        # A wrong path key answers as a missing session does: whether a path exists says nothing.
+        if not auth.path_key_valid(key) or not auth.valid(request.cookies.get(SESSION_COOKIE)):
+            raise HTTPException(status_code=401, detail=LOGIN_HINT)
 
     router = APIRouter()
-    pages = APIRouter(prefix="/ui", dependencies=[Depends(session)], default_response_class=HTMLResponse)
+    pages = APIRouter(prefix="/ui/{key}", dependencies=[Depends(session)], default_response_class=HTMLResponse)
 
     _login_routes(router, auth)
 
@@ -144,19 +152,20 @@ def dashboard_router(dashboard: Dashboard, source: ViewSource, clock: Callable[[
 
     @pages.get("", include_in_schema=False)
     async def services_page(request: Request) -> Response:
-        return templates.TemplateResponse(request, "services.html", {"views": source.services()}, headers=NO_STORE)
+        return templates.TemplateResponse(request, "services.html", {"views": source.services()}, headers=PAGE_HEADERS)
 
     @pages.get("/fragments/services", include_in_schema=False)
     async def services_fragment(request: Request) -> Response:
-        return templates.TemplateResponse(request, "_services.html", {"views": source.services()}, headers=NO_STORE)
+        return templates.TemplateResponse(request, "_services.html", {"views": source.services()}, headers=PAGE_HEADERS)
 
     @pages.get("/services/{name}", include_in_schema=False)
     async def service_page(request: Request, name: str) -> Response:
-        return templates.TemplateResponse(request, "service.html", service_context(request, name), headers=NO_STORE)
+        return templates.TemplateResponse(request, "service.html", service_context(request, name), headers=PAGE_HEADERS)
 
     @pages.get("/services/{name}/live", include_in_schema=False)
     async def service_fragment(request: Request, name: str) -> Response:
-        return templates.TemplateResponse(request, "_service.html", service_context(request, name), headers=NO_STORE)
+        context = service_context(request, name)
+        return templates.TemplateResponse(request, "_service.html", context, headers=PAGE_HEADERS)
 
     @pages.get("/services/{name}/charts", include_in_schema=False)
     async def charts_fragment(request: Request, name: str) -> Response:
@@ -164,7 +173,7 @@ def dashboard_router(dashboard: Dashboard, source: ViewSource, clock: Callable[[
         known = [c["name"] for _, c in _clusters(view)] if view else []
         backends, svgs = charts(dashboard.history, name, known, clock())
         context = {"name": name, "charts": svgs, "backends": backends}
-        return templates.TemplateResponse(request, "_charts.html", context, headers=NO_STORE)
+        return templates.TemplateResponse(request, "_charts.html", context, headers=PAGE_HEADERS)
 
     @pages.get("/static/htmx.min.js", include_in_schema=False)
     async def htmx() -> Response:
@@ -182,24 +191,30 @@ def _login_routes(router: APIRouter, auth: DashboardAuth) -> None:
 
     @router.post("/api/v1/dashboard/login-codes")
     async def login_code() -> dict[str, Any]:
-        """A one-time code for `/ui/login` (behind the API's bearer token like every /api path)."""
-        return {"path": f"/ui/login?code={auth.new_code()}", "expiresInSeconds": auth.code_seconds}
+        """A one-time login path, secret path key and code (behind the API's bearer token like
+        every /api path)."""
+        return {"path": f"{auth.base_path}/login?code={auth.new_code()}", "expiresInSeconds": auth.code_seconds}
 
-    @router.get("/ui/login", include_in_schema=False)
-    async def login(code: str = "") -> Response:
-        session_id = auth.exchange(code)
+    @router.get("/ui", include_in_schema=False)
+    async def no_path_key() -> Response:
+        return HTMLResponse(f"<h1>401</h1><p>{LOGIN_HINT}.</p>", status_code=401, headers=PAGE_HEADERS)
+
+    @router.get("/ui/{key}/login", include_in_schema=False)
+    async def login(key: str, code: str = "") -> Response:
+        # A wrong path key (another daemon's link) does not spend the code.
+        session_id = auth.exchange(code) if auth.path_key_valid(key) else None
         if session_id is None:
             return HTMLResponse(
                 "<h1>401</h1><p>This login link is spent or expired: run <code>servekeeper dashboard</code> again.</p>",
                 status_code=401,
-                headers=NO_STORE,
+                headers=PAGE_HEADERS,
             )
-        response = RedirectResponse("/ui", status_code=303, headers=NO_STORE)
+        response = RedirectResponse(auth.base_path, status_code=303, headers=PAGE_HEADERS)
         response.set_cookie(
             SESSION_COOKIE,
             session_id,
             max_age=int(auth.session_seconds),
-            path="/ui",
+            path=auth.base_path,  # sent to this dashboard only, not to /ui/ of another port
             httponly=True,
             samesite="strict",
         )
@@ -212,10 +227,13 @@ def _command_routes(pages: APIRouter, templates: Jinja2Templates, auth: Dashboar
     def same_origin(request: Request) -> None:
         own = f"{request.url.scheme}://{request.headers.get('host', '')}"
         origin = request.headers.get("origin")
+        fetch_site = request.headers.get("sec-fetch-site")
         if origin is not None and origin != own:
             raise HTTPException(status_code=403, detail=f"cross-origin request from {origin} refused")
-        if request.headers.get("sec-fetch-site") not in (None, "same-origin"):
+        if fetch_site is not None and fetch_site != "same-origin":
             raise HTTPException(status_code=403, detail="cross-site request refused")
+        if origin is None and fetch_site is None:  # a browser says; a request that does not is no page of ours
+            raise HTTPException(status_code=403, detail="a POST must say where it comes from: Origin or Sec-Fetch-Site")
         if not auth.csrf_valid(request.cookies.get(SESSION_COOKIE), request.headers.get(CSRF_HEADER)):
             raise HTTPException(status_code=403, detail="missing or wrong CSRF token: reload the page")
 
@@ -227,10 +245,10 @@ def _command_routes(pages: APIRouter, templates: Jinja2Templates, auth: Dashboar
         except CommandError as exc:  # refused (409 nothing to promote, ...): say why, change nothing
             context = {"ok": False, "message": str(detail_of(exc))}
             return templates.TemplateResponse(
-                request, "_action.html", context, status_code=status_of(exc), headers=NO_STORE
+                request, "_action.html", context, status_code=status_of(exc), headers=PAGE_HEADERS
             )
         return templates.TemplateResponse(
-            request, "_action.html", {"ok": True, "message": done(result)}, headers=NO_STORE
+            request, "_action.html", {"ok": True, "message": done(result)}, headers=PAGE_HEADERS
         )
 
     checked = [Depends(same_origin)]
