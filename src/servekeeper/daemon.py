@@ -30,6 +30,7 @@ from servekeeper.api.app import build_app
 from servekeeper.api.metrics import add_metrics_route, build_metrics_app
 from servekeeper.client import default_state_dir as default_state_dir  # re-exported: the client
 from servekeeper.client import read_api_info as read_api_info  # reads what the daemon writes
+from servekeeper.client.common import LOCK_FILE_NAME
 from servekeeper.controller.faults import hooks_from_environment
 from servekeeper.controller.loop import Controller
 from servekeeper.controller.metrics import ControllerMetrics, Metrics
@@ -62,14 +63,31 @@ def ensure_token(state_dir: Path) -> str:
     return path.read_text().strip()
 
 
+LOCK_TRIES = 10  # a client's probe holds the lock for microseconds: try again a moment later
+LOCK_RETRY_S = 0.05
+
+
 def _take_lock(state_dir: Path) -> IO[str]:
-    handle = open(state_dir / "controller.lock", "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as exc:
-        handle.close()
-        info = read_api_info(state_dir) or {}
-        raise DaemonError(f"a controller already runs for {state_dir} (pid {info.get('pid', '?')})") from exc
+    """One controller per state dir. The holder writes its pid in the lock file and removes a
+    stale api.json at once: clients send the token only when both name the same live daemon."""
+    handle = open(state_dir / LOCK_FILE_NAME, "a+")
+    for attempt in range(LOCK_TRIES):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError as exc:
+            if attempt + 1 < LOCK_TRIES:
+                time.sleep(LOCK_RETRY_S)
+                continue
+            handle.close()
+            info = read_api_info(state_dir) or {}
+            raise DaemonError(f"a controller already runs for {state_dir} (pid {info.get('pid', '?')})") from exc
+    with contextlib.suppress(FileNotFoundError):
+        (state_dir / "api.json").unlink()  # a dead daemon's: names a port anyone may bind now
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
     return handle
 
 
