@@ -40,7 +40,7 @@ from servekeeper.providers.local import LocalProvider
 from servekeeper.providers.pool import PoolClusters
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.router import ProviderRouter
-from servekeeper.store.store import Store
+from servekeeper.store.store import Store, private_state_dir
 from servekeeper.web.pages import Dashboard
 
 logger = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ async def _let_go(state_dir: Path, dataplane: DataPlane, stop_everything: bool) 
 
 def _open_state(state_dir: Path) -> tuple[IO[str], str, Store]:
     """The state dir's lock (one controller per state dir), API token and store."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    private_state_dir(state_dir)
     lock = _take_lock(state_dir)
     token = ensure_token(state_dir)
     return lock, token, Store(state_dir / "store.db")
@@ -247,7 +247,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def start_detached(state_dir: Path, extra_args: list[str], timeout: float = 60.0) -> dict[str, Any]:
     """Start `servekeeper up` in a session of its own; return once its API answers."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    private_state_dir(state_dir)
     with open(state_dir / "controller.log", "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "servekeeper.cli", "up", "--state-dir", str(state_dir), *extra_args],
