@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 from servekeeper.rayapi.package import build_package
+from servekeeper.store.secrets import secrets_dir, set_secret
 from servekeeper.store.store import Store, private_state_dir
 
 
@@ -49,3 +50,9 @@ def test_packages_are_readable_by_the_owner_only(tmp_path: Path) -> None:
     os.chmod(package.path, 0o444)  # as an older servekeeper left it
     again = build_package(root, tmp_path / "packages")
     assert again.path == package.path and mode(again.path) == 0o400
+
+
+def test_a_secret_set_before_the_first_up_makes_the_state_dir_private(tmp_path: Path) -> None:
+    state_dir = tmp_path / "fresh"
+    set_secret(secrets_dir(state_dir), "db", {"password": "p"})
+    assert mode(state_dir) == 0o700 and mode(secrets_dir(state_dir)) == 0o700

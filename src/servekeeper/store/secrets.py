@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from servekeeper.model.base import DNS_LABEL
+from servekeeper.store.store import private_state_dir
 
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")  # Kubernetes' secret key rule
 STDIN = "-"
@@ -73,7 +74,8 @@ def _split(pair: str, shape: str) -> tuple[str, str]:
 def set_secret(directory: Path, name: str, values: dict[str, str]) -> None:
     """Replace the secret `name` with `values` (atomically: a reader sees the old or the new)."""
     path = _path(directory, name)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_state_dir(directory.parent)  # `secret set` may come before the first `up`
+    directory.mkdir(mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
     fd, temp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")  # mode 0600
     try:
