@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -154,14 +155,12 @@ def test_the_daemon_is_found_from_the_state_dir_on_every_call(tmp_path: Path, ap
     (tmp_path / "token").write_text(TOKEN + "\n")
     with open(tmp_path / LOCK_FILE_NAME, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the daemon holds it, its pid in it
-        lock.write("77")
+        lock.write(str(os.getpid()))
         lock.flush()
-        (tmp_path / "api.json").write_text(json.dumps({"url": "http://127.0.0.1:4321", "pid": 77}))
-        assert client.list() == [] and client.daemon_pid == 77
-        lock.seek(0)
-        lock.write("78")  # restarted
-        lock.flush()
-        (tmp_path / "api.json").write_text(json.dumps({"url": "http://127.0.0.1:4322", "pid": 78}))
+        (tmp_path / "api.json").write_text(json.dumps({"url": "http://127.0.0.1:4321", "pid": os.getpid()}))
+        assert client.list() == [] and client.daemon_pid == os.getpid()
+        # restarted on another port (the lock holder, a live process, is this test's process)
+        (tmp_path / "api.json").write_text(json.dumps({"url": "http://127.0.0.1:4322", "pid": os.getpid()}))
         assert client.list() == []
     assert seen == [("http://127.0.0.1:4321/", f"Bearer {TOKEN}"), ("http://127.0.0.1:4322/", f"Bearer {TOKEN}")]
     client.close()

@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,3 +102,20 @@ def test_the_token_goes_to_the_lock_holder_only(tmp_path: Path) -> None:
             with pytest.raises(DaemonNotRunning):
                 client.list()
     assert seen == [f"Bearer {TOKEN}"]
+
+
+def test_a_lock_kept_by_a_dead_daemons_child_is_not_enough(tmp_path: Path) -> None:
+    """A process that inherited the lock's descriptor keeps it held after the daemon died."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale_state_dir(tmp_path, 4321)
+    (tmp_path / "api.json").write_text(json.dumps({"url": "http://127.0.0.1:4321", "pid": dead.pid}))
+    sent: list[httpx.Request] = []
+    with open(tmp_path / LOCK_FILE_NAME, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.write(str(dead.pid))
+        lock.flush()
+        transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(200, json=[]))
+        with Client(tmp_path, transport=transport) as client, pytest.raises(DaemonNotRunning):
+            client.list()
+    assert sent == []

@@ -79,6 +79,15 @@ def lock_holder_pid(state_dir: Path) -> int | None:
         os.close(fd)
 
 
+def _alive(pid: int) -> bool:
+    """Is `pid` a live process of ours? (A child of a killed daemon may still hold its lock.)"""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def read_api_info(state_dir: Path) -> dict[str, Any] | None:
     """What the running daemon wrote in `api.json` (`url`, `pid`), or None."""
     try:
@@ -112,7 +121,7 @@ class Endpoint:
         if info is None or token is None or "url" not in info:
             raise DaemonNotRunning(self.where)
         holder = lock_holder_pid(self.state_dir)
-        if holder is None or info.get("pid") != holder:
+        if holder is None or info.get("pid") != holder or not _alive(holder):
             # Stale api.json (kill -9, or a daemon starting): nothing is sent anywhere.
             cause = "no daemon holds the state dir's lock" if holder is None else f"api.json is not from pid {holder}"
             raise DaemonNotRunning(self.where, cause)
