@@ -30,6 +30,7 @@ from servekeeper.api.app import build_app
 from servekeeper.api.metrics import add_metrics_route, build_metrics_app
 from servekeeper.client import default_state_dir as default_state_dir  # re-exported: the client
 from servekeeper.client import read_api_info as read_api_info  # reads what the daemon writes
+from servekeeper.client.common import LOCK_FILE_NAME
 from servekeeper.controller.faults import hooks_from_environment
 from servekeeper.controller.loop import Controller
 from servekeeper.controller.metrics import ControllerMetrics, Metrics
@@ -39,7 +40,7 @@ from servekeeper.providers.local import LocalProvider
 from servekeeper.providers.pool import PoolClusters
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.router import ProviderRouter
-from servekeeper.store.store import Store
+from servekeeper.store.store import Store, private_state_dir
 from servekeeper.web.pages import Dashboard
 
 logger = logging.getLogger(__name__)
@@ -62,14 +63,31 @@ def ensure_token(state_dir: Path) -> str:
     return path.read_text().strip()
 
 
+LOCK_TRIES = 10  # a client's probe holds the lock for microseconds: try again a moment later
+LOCK_RETRY_S = 0.05
+
+
 def _take_lock(state_dir: Path) -> IO[str]:
-    handle = open(state_dir / "controller.lock", "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as exc:
-        handle.close()
-        info = read_api_info(state_dir) or {}
-        raise DaemonError(f"a controller already runs for {state_dir} (pid {info.get('pid', '?')})") from exc
+    """One controller per state dir. The holder writes its pid in the lock file and removes a
+    stale api.json at once: clients send the token only when both name the same live daemon."""
+    handle = open(state_dir / LOCK_FILE_NAME, "a+")
+    for attempt in range(LOCK_TRIES):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError as exc:
+            if attempt + 1 < LOCK_TRIES:
+                time.sleep(LOCK_RETRY_S)
+                continue
+            handle.close()
+            info = read_api_info(state_dir) or {}
+            raise DaemonError(f"a controller already runs for {state_dir} (pid {info.get('pid', '?')})") from exc
+    with contextlib.suppress(FileNotFoundError):
+        (state_dir / "api.json").unlink()  # a dead daemon's: names a port anyone may bind now
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
     return handle
 
 
@@ -161,7 +179,7 @@ async def _let_go(state_dir: Path, dataplane: DataPlane, stop_everything: bool) 
 
 def _open_state(state_dir: Path) -> tuple[IO[str], str, Store]:
     """The state dir's lock (one controller per state dir), API token and store."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    private_state_dir(state_dir)
     lock = _take_lock(state_dir)
     token = ensure_token(state_dir)
     return lock, token, Store(state_dir / "store.db")
@@ -229,7 +247,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def start_detached(state_dir: Path, extra_args: list[str], timeout: float = 60.0) -> dict[str, Any]:
     """Start `servekeeper up` in a session of its own; return once its API answers."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    private_state_dir(state_dir)
     with open(state_dir / "controller.log", "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "servekeeper.cli", "up", "--state-dir", str(state_dir), *extra_args],

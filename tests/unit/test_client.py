@@ -3,7 +3,9 @@ method, sync and async, and the errors the CLI shows. The real daemon: tests/int
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from servekeeper import (
     WaitTimeout,
 )
 from servekeeper.api.app import build_app
+from servekeeper.client.common import LOCK_FILE_NAME
 from servekeeper.model.spec import parse_spec
 from servekeeper.store.store import Store
 
@@ -150,10 +153,15 @@ def test_the_daemon_is_found_from_the_state_dir_on_every_call(tmp_path: Path, ap
     with pytest.raises(DaemonNotRunning):
         client.list()  # made before `up`: fine, it looks again on the next call
     (tmp_path / "token").write_text(TOKEN + "\n")
-    (tmp_path / "api.json").write_text(json.dumps({"url": "http://127.0.0.1:4321", "pid": 77}))
-    assert client.list() == [] and client.daemon_pid == 77
-    (tmp_path / "api.json").write_text(json.dumps({"url": "http://127.0.0.1:4322", "pid": 78}))  # restarted
-    assert client.list() == []
+    with open(tmp_path / LOCK_FILE_NAME, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the daemon holds it, its pid in it
+        lock.write(str(os.getpid()))
+        lock.flush()
+        (tmp_path / "api.json").write_text(json.dumps({"url": "http://127.0.0.1:4321", "pid": os.getpid()}))
+        assert client.list() == [] and client.daemon_pid == os.getpid()
+        # restarted on another port (the lock holder, a live process, is this test's process)
+        (tmp_path / "api.json").write_text(json.dumps({"url": "http://127.0.0.1:4322", "pid": os.getpid()}))
+        assert client.list() == []
     assert seen == [("http://127.0.0.1:4321/", f"Bearer {TOKEN}"), ("http://127.0.0.1:4322/", f"Bearer {TOKEN}")]
     client.close()
 

@@ -50,7 +50,7 @@ def test_valid_pool_parses_with_defaults() -> None:
     first = pool.spec.hosts[0]
     assert first.ssh.identity_path() == Path.home() / ".ssh/id_ed25519"
     assert first.resources.gpus == 2
-    assert first.workDir == "/tmp/servekeeper"
+    assert first.workDir == "/tmp/servekeeper-ray"  # per SSH user: a shared /tmp dir anyone could take
     assert pool.host("gpu-b") is not None and pool.host("gpu-b").address == "gpu-b.example.internal"  # type: ignore[union-attr]
     assert pool.host("nope") is None
     assert parse_host_pool(yaml.safe_load(pool.to_json())) == pool

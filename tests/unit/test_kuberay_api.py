@@ -16,7 +16,7 @@ from servekeeper.client.common import apply_body
 from servekeeper.commands import apply as apply_module
 from servekeeper.commands.services import ray_version
 from servekeeper.core.placement import Capacity
-from servekeeper.store.secrets import SecretError, delete_secret, list_secrets, parse_pairs, read_secrets, set_secret
+from servekeeper.store.secrets import SecretError, delete_secret, list_secrets, read_secrets, read_values, set_secret
 from servekeeper.store.store import Store
 from tests.unit.test_api import AUTH, TOKEN, FakeController
 from tests.unit.test_kuberay_import import SAMPLES, sample_documents
@@ -80,7 +80,7 @@ def test_secret_key_ref_reads_servekeeper_secrets(client: TestClient, secrets_di
     container["env"] = [{"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "api", "key": "key"}}}]
     refused = apply(client, documents)
     assert refused.status_code == 422
-    assert "servekeeper secret set api key=VALUE" in refused.json()["detail"]["problems"][0]
+    assert "servekeeper secret set api key=-" in refused.json()["detail"]["problems"][0]
     set_secret(secrets_dir, "api", {"key": "value-of-the-secret"})
     assert apply(client, documents).status_code == 200
     exported = client.get("/api/v1/services/rayservice-sample/export", headers=AUTH).json()["manifest"]
@@ -93,14 +93,14 @@ def test_client_sends_a_kuberay_file_as_documents_with_its_folder() -> None:
 
 
 def test_secret_files(secrets_dir: Path) -> None:
-    set_secret(secrets_dir, "db", parse_pairs(["user=me", "password=a=b"]))
+    set_secret(secrets_dir, "db", read_values(["password=-"], [], lambda: "a=b\n") | {"user": "me"})
     path = secrets_dir / "db.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(secrets_dir.stat().st_mode) == 0o700
     assert read_secrets(secrets_dir) == {"db": {"user": "me", "password": "a=b"}}
     assert list_secrets(secrets_dir) == {"db": ["password", "user"]}
     assert delete_secret(secrets_dir, "db") and not delete_secret(secrets_dir, "db")
     with pytest.raises(SecretError):
-        parse_pairs(["novalue"])
+        read_values(["novalue"], [], lambda: "")
     with pytest.raises(SecretError):
         set_secret(secrets_dir, "../evil", {})
 

@@ -276,7 +276,7 @@ def test_literal_env_and_secret_env() -> None:
     ]
     assert problems([document]) == [
         f"{CONTAINER_PATH}.env[1].valueFrom.secretKeyRef: secret 'api' with key 'token' does not exist here; "
-        "create it with: servekeeper secret set api token=VALUE"
+        "create it with: servekeeper secret set api token=- (the value on standard input)"
     ]
 
 

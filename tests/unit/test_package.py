@@ -209,7 +209,7 @@ def test_an_unreadable_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_the_package_file_is_written_once_and_read_only(tmp_path: Path) -> None:
     root = write_tree(tmp_path / "app", APP)
     first = build_package(root, tmp_path / "packages")
-    assert first.path.stat().st_mode & 0o777 == 0o444
+    assert first.path.stat().st_mode & 0o777 == 0o400
     before = first.path.stat()
     for path in root.rglob("*"):
         os.utime(path, (2_000_000, 2_000_000))

@@ -127,9 +127,9 @@ def test_node_argv_has_owned_ports_and_no_shell(tmp_path: Path) -> None:
 
 def test_cluster_dir_stays_short() -> None:
     host = a_host()
-    assert cluster_dir(host, "hello-g2-9c0eed") == "/tmp/servekeeper/hello-g2-9c0eed"
+    assert cluster_dir(host, "hello-g2-9c0eed") == "/tmp/servekeeper-ray/hello-g2-9c0eed"
     long_name = "a-very-long-service-name-g12-0123456789"
-    assert len(cluster_dir(host, long_name)) <= len("/tmp/servekeeper/") + 24
+    assert len(cluster_dir(host, long_name)) <= len("/tmp/servekeeper-ray/") + 24
     assert cluster_dir(host, long_name) != cluster_dir(host, long_name + "x")
 
 

@@ -4,11 +4,14 @@ and what `apply` sends. Nothing here does I/O with the daemon itself.
 Without `url` and `token` a client reads the state dir (`--state-dir`, `SERVEKEEPER_STATE_DIR`,
 or `~/.servekeeper`) on every call: `api.json` (where the running daemon listens) and `token`,
 so a client made before `servekeeper up`, or one that outlives a restart of the daemon on
-another port, finds it.
+another port, finds it. The token goes only to the daemon that holds the state dir's lock
+(`controller.lock`, with its pid written in it) and whose pid `api.json` names: after a kill -9,
+`api.json` still names a loopback port any local user may bind.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections.abc import Mapping
@@ -52,6 +55,39 @@ def default_state_dir() -> Path:
     return Path.home() / ".servekeeper"
 
 
+LOCK_FILE_NAME = "controller.lock"  # flock'd by the running daemon, which writes its pid in it
+
+
+def lock_holder_pid(state_dir: Path) -> int | None:
+    """The pid of the daemon holding the state dir's lock, or None if no daemon holds it.
+
+    Probed with a shared lock taken and dropped at once (the daemon retries its own for a
+    moment, so a probe never makes a starting daemon think another one runs)."""
+    try:
+        fd = os.open(state_dir / LOCK_FILE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            written = os.read(fd, 32).decode(errors="replace").strip()
+            return int(written) if written.isdigit() else None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None  # nobody holds it: the daemon that wrote api.json is gone
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    """Is `pid` a live process of ours? (A child of a killed daemon may still hold its lock.)"""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def read_api_info(state_dir: Path) -> dict[str, Any] | None:
     """What the running daemon wrote in `api.json` (`url`, `pid`), or None."""
     try:
@@ -84,6 +120,11 @@ class Endpoint:
             token = None
         if info is None or token is None or "url" not in info:
             raise DaemonNotRunning(self.where)
+        holder = lock_holder_pid(self.state_dir)
+        if holder is None or info.get("pid") != holder or not _alive(holder):
+            # Stale api.json (kill -9, or a daemon starting): nothing is sent anywhere.
+            cause = "no daemon holds the state dir's lock" if holder is None else f"api.json is not from pid {holder}"
+            raise DaemonNotRunning(self.where, cause)
         return str(info["url"]), {"Authorization": f"Bearer {token}"}
 
     def daemon_pid(self) -> int | None:

@@ -239,7 +239,7 @@ class ClusterTranslation:
                 self.findings.refuse(
                     f"{entry_path}.valueFrom.secretKeyRef",
                     f"secret {secret!r} with key {key!r} does not exist here; create it with: "
-                    f"servekeeper secret set {secret} {key}=VALUE",
+                    f"servekeeper secret set {secret} {key}=- (the value on standard input)",
                 )
                 continue
             env[name] = value

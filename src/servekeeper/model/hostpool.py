@@ -18,6 +18,7 @@ Paths on the controller (the key and known_hosts files) may start with `~`; path
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import re
@@ -39,6 +40,16 @@ POSIX_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 # A unix socket path is limited to 107 bytes and Ray nests its sockets a few levels under the
 # node's temp dir, which lives under workDir: keep the root short.
 MAX_WORK_DIR_LENGTH = 40
+WORK_DIR_PREFIX = "/tmp/servekeeper-"
+
+
+def default_work_dir(user: str) -> str:
+    """A work dir per SSH user (the node agent refuses one another user owns): a shared one in
+    /tmp could be pre-created by anyone on the host. A long user name goes by its hash."""
+    work_dir = f"{WORK_DIR_PREFIX}{user}"
+    if len(work_dir) <= MAX_WORK_DIR_LENGTH:
+        return work_dir
+    return f"/tmp/sk-{hashlib.sha256(user.encode()).hexdigest()[:16]}"
 
 
 def _controller_path(value: str) -> str:
@@ -90,10 +101,22 @@ class HostSpec(StrictModel):
     ssh: SshSpec
     python: str
     resources: HostResources
-    # Where the host's Ray nodes keep their temp dirs and logs (short: unix socket paths).
-    workDir: str = "/tmp/servekeeper"
+    # Where the host's Ray nodes keep their temp dirs and logs (short: unix socket paths);
+    # when not given, default_work_dir(ssh.user), filled in before validation.
+    workDir: str = ""
 
     _python = field_validator("python")(_host_path)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _work_dir_per_user(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("workDir"):
+            return data
+        ssh = data.get("ssh")
+        user = ssh.get("user") if isinstance(ssh, dict) else getattr(ssh, "user", None)
+        if isinstance(user, str) and POSIX_USER.match(user):
+            return {**data, "workDir": default_work_dir(user)}
+        return data  # the bad user name is reported; the empty workDir is not (see below)
 
     @field_validator("name")
     @classmethod
@@ -116,6 +139,8 @@ class HostSpec(StrictModel):
     @field_validator("workDir")
     @classmethod
     def _work_dir_shape(cls, work_dir: str) -> str:
+        if not work_dir:
+            return work_dir  # only when ssh.user is invalid, which is the error then
         _host_path(work_dir)
         if len(work_dir) > MAX_WORK_DIR_LENGTH:
             raise ValueError(f"at most {MAX_WORK_DIR_LENGTH} characters (Ray's unix socket paths live under it)")

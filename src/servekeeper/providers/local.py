@@ -30,6 +30,7 @@ from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import ClusterRecords, Liveness, PermanentProviderError, ProviderError, RecordChanges
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.ray_start import node_port_args, param_args, resource_args
+from servekeeper.providers.remote.node_agent import open_log, private_dir
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +157,12 @@ async def _wait_for_port(port: int, timeout: float) -> bool:
     return False
 
 
+def private_temp_dir(temp_dir: str) -> None:
+    """A node's temp dir in the shared /tmp (Ray keeps unix sockets there): made 0700, and
+    refused (UnsafePath, naming it) if another user made it first or planted a symlink."""
+    private_dir(temp_dir)
+
+
 class LocalProvider:
     def __init__(self, hooks: Hooks | None = None) -> None:
         self.hooks = hooks or Hooks()
@@ -163,8 +170,8 @@ class LocalProvider:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def _spawn(self, command: list[str], env: dict[str, str], log_path: Path) -> int:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
+        log_path.parent.mkdir(parents=True, exist_ok=True)  # in the state dir, 0700
+        with os.fdopen(open_log(str(log_path)), "ab") as log:
             process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
@@ -184,7 +191,7 @@ class LocalProvider:
 
     def start_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
         """Spawn the head (no waiting); the caller records its pid before anything else."""
-        Path(cluster.temp_dir).mkdir(parents=True, exist_ok=True)
+        private_temp_dir(cluster.temp_dir)
         env = _environment(cluster, config.head.env, loopback_only=config.worker_count() == 0)
         pid = self._spawn(head_command(cluster, config.head), env, Path(cluster.log_dir) / "head.log")
         logger.info("[%s/%s] head started, pid %d", cluster.service, cluster.name, pid)

@@ -97,12 +97,16 @@ def build_package(
     content_hash = _content_hash(entries)
     target = packages_dir / f"{content_hash}.zip"
     if target.exists():
-        # Immutable: the same content always gives this file; never rewrite it.
+        # Immutable: the same content always gives this file; never rewrite it (but an older
+        # servekeeper left it readable by everyone).
+        os.chmod(target, 0o400)
         size = target.stat().st_size
         if size > max_bytes:
             raise _too_large(root, size, max_bytes, entries, partial=False)
         return Package(content_hash, target, size)
-    packages_dir.mkdir(parents=True, exist_ok=True)
+    packages_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if packages_dir.stat().st_mode & 0o077:
+        os.chmod(packages_dir, 0o700)  # made 0755 by an older servekeeper
     size = _write_zip(root, entries, content_hash, target, max_bytes)
     logger.info("packaged %s as %s (%d files, %d bytes)", root, target.name, len(entries), size)
     return Package(content_hash, target, size)
@@ -276,7 +280,7 @@ def _write_zip(root: Path, entries: Sequence[_Entry], content_hash: str, target:
             raise _too_large(root, size, max_bytes, entries, partial=False)
         if _content_hash(entries, digests) != content_hash:
             raise PackageError(f"files in workingDir {root} changed while it was being packaged; try again")
-        os.chmod(temp, 0o444)
+        os.chmod(temp, 0o400)  # the daemon's own: it reads and uploads it
         os.replace(temp, target)
     except BaseException:
         temp.unlink(missing_ok=True)

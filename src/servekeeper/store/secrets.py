@@ -8,11 +8,14 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from servekeeper.model.base import DNS_LABEL
+from servekeeper.store.store import private_state_dir
 
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")  # Kubernetes' secret key rule
+STDIN = "-"
 
 
 class SecretError(ValueError):
@@ -29,24 +32,50 @@ def _path(directory: Path, name: str) -> Path:
     return directory / f"{name}.json"
 
 
-def parse_pairs(pairs: list[str]) -> dict[str, str]:
+def read_values(pairs: Sequence[str], from_files: Sequence[str], read_stdin: Callable[[], str]) -> dict[str, str]:
+    """A secret's values, never from argv (seen by `ps`, kept in shell history): `KEY=-` reads
+    that key's value from standard input (one trailing newline dropped), `--from-file KEY=PATH`
+    from a file (as it is). `KEY=VALUE` is refused, saying how to pass it."""
     values: dict[str, str] = {}
+    stdin_key: str | None = None
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not SECRET_KEY.match(key):
+        key, value = _split(pair, "KEY=-")
+        if value != STDIN:
             raise SecretError(
-                f"{pair.split('=', 1)[0]!r}: expected KEY=VALUE with a key of letters, digits, '-', '.', '_'"
+                f"{key!r}: a secret value on the command line is visible to `ps` and kept in shell "
+                f"history; pass {key}=- and the value on standard input, or --from-file {key}=PATH"
             )
+        if stdin_key is not None:
+            raise SecretError(f"{stdin_key!r} and {key!r} both read standard input; give one of them --from-file")
+        stdin_key = key
+        raw = read_stdin()
+        values[key] = raw[:-1] if raw.endswith("\n") else raw
+    for pair in from_files:
+        key, path = _split(pair, "KEY=PATH")
+        try:
+            values[key] = Path(path).expanduser().read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SecretError(f"{key!r}: cannot read {path}: {exc}") from exc
+    if not values:
+        raise SecretError("no values: give KEY=- (the value on standard input) or --from-file KEY=PATH")
+    for key, value in values.items():
         if "\x00" in value:
             raise SecretError(f"the value of {key!r} contains a NUL byte")
-        values[key] = value
     return values
+
+
+def _split(pair: str, shape: str) -> tuple[str, str]:
+    key, sep, value = pair.partition("=")
+    if not sep or not SECRET_KEY.match(key):
+        raise SecretError(f"{key!r}: expected {shape} with a key of letters, digits, '-', '.', '_'")
+    return key, value
 
 
 def set_secret(directory: Path, name: str, values: dict[str, str]) -> None:
     """Replace the secret `name` with `values` (atomically: a reader sees the old or the new)."""
     path = _path(directory, name)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_state_dir(directory.parent)  # `secret set` may come before the first `up`
+    directory.mkdir(mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
     fd, temp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")  # mode 0600
     try:

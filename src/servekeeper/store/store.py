@@ -39,6 +39,25 @@ class StoreError(RuntimeError):
     """The store cannot be used (corrupt, unreadable, closed, or from a newer servekeeper)."""
 
 
+def private_state_dir(state_dir: Path) -> Path:
+    """The state dir, created 0700 (with its missing parents), and made 0700 if an older
+    servekeeper, or a umask, left it open to others: it holds the token, store and secrets."""
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if os.stat(state_dir).st_mode & 0o077:
+        os.chmod(state_dir, 0o700)
+    return state_dir
+
+
+def _tighten_database_files(path: Path) -> None:
+    """0600 on every open: a store.db (and its -wal, -shm) from before this rule may be 0644."""
+    for name in (path.name, f"{path.name}-wal", f"{path.name}-shm"):
+        try:
+            if os.stat(path.parent / name).st_mode & 0o077:
+                os.chmod(path.parent / name, 0o600)
+        except FileNotFoundError:
+            continue
+
+
 class _ThreadState(threading.local):
     db: sqlite3.Connection | None = None
     transaction_depth: int = 0
@@ -52,10 +71,12 @@ class Store:
         self._connections: dict[threading.Thread, sqlite3.Connection] = {}
         self._connections_lock = threading.Lock()
         self._closed = False
+        private_state_dir(path.parent)
         if not path.exists():
             # Specs hold env values (and imported secrets): readable by the owner only. SQLite
             # gives its -wal and -shm files the mode of the database file.
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        _tighten_database_files(path)
         try:
             try:
                 db = self._connection()

@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -27,6 +28,63 @@ POLL_SECONDS = 0.1
 
 Request = dict[str, Any]
 Answer = dict[str, Any]
+
+
+class UnsafePath(Exception):
+    """A directory we would create or reuse that another user could control."""
+
+
+# -- private directories -------------------------------------------------------------------------------
+
+
+def private_dir(path: str) -> None:
+    """Make `path` (0700) and its missing parents, checking every component on the way: a
+    component is ours (not a symlink, not writable by group or others), or a system directory
+    owned by root that others cannot rename entries in (root's, or world-writable with the
+    sticky bit, as /tmp). Below the first component of ours, everything must be ours: another
+    user of a shared /tmp could have pre-created a directory or planted a symlink."""
+    if not os.path.isabs(path):
+        raise UnsafePath(f"{path} is not an absolute path")
+    current = "/"
+    ours_from_here = False
+    for part in [p for p in path.split("/") if p]:
+        current = os.path.join(current, part)
+        try:
+            os.mkdir(current, 0o700)
+        except FileExistsError:
+            pass
+        ours_from_here = _check_component(current, ours_from_here) or ours_from_here
+
+
+def _check_component(path: str, must_be_ours: bool) -> bool:
+    """Refuse `path` if another user could change what it leads to; True if it is ours."""
+    info = os.lstat(path)
+    me = os.geteuid()
+    writable_by_others = bool(info.st_mode & 0o022)
+    if not must_be_ours:
+        # Above our own directories: a system one (root's) that others cannot rename in.
+        system = info.st_uid == 0 and (stat.S_ISLNK(info.st_mode) or info.st_mode & stat.S_ISVTX)
+        if system or (info.st_uid == 0 != me and not writable_by_others):
+            return False
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafePath(f"{path} is a symlink; refusing to follow it (remove it, or set another workDir)")
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafePath(f"{path} is not a directory")
+    if info.st_uid != me:
+        raise UnsafePath(
+            f"{path} is owned by uid {info.st_uid}, not by us (uid {me}); remove it or set another workDir"
+        )
+    if writable_by_others:
+        raise UnsafePath(
+            f"{path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):o}); "
+            "make it 0700 or set another workDir"
+        )
+    return True
+
+
+def open_log(path: str) -> int:
+    """The node's log, appended to, never through a symlink (O_NOFOLLOW), created 0600."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
 # -- /proc -------------------------------------------------------------------------------------------
@@ -124,7 +182,7 @@ def free(port: int) -> bool:
 def prepare(request: Request) -> Answer:
     """Make the directories (0700): a cluster's dir, a node's temp dir."""
     for directory in request["dirs"]:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        private_dir(directory)
     return {}
 
 
@@ -132,7 +190,7 @@ def launch(request: Request) -> Answer:
     """Start `argv` in a session of its own, its output appended to `log`; its pid and session."""
     env = dict(os.environ)
     env.update(request["env"])
-    with open(request["log"], "ab") as log:
+    with os.fdopen(open_log(request["log"]), "ab") as log:
         child = subprocess.Popen(
             request["argv"],
             stdin=subprocess.DEVNULL,
@@ -231,7 +289,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args:
         raise SystemExit(f"usage: node_agent {{{','.join(COMMANDS)}}} < request.json")
     request = json.loads(sys.stdin.read() or "{}")
-    print(json.dumps(run(args[0], request)))
+    try:
+        answer = run(args[0], request)
+    except UnsafePath as exc:
+        raise SystemExit(f"node_agent {args[0]}: {exc}") from None  # the reason, on stderr
+    print(json.dumps(answer))
 
 
 if __name__ == "__main__":
