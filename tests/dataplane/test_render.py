@@ -119,7 +119,7 @@ def test_cluster_names_map_back_to_backends() -> None:
     [
         pytest.param(lambda: Backend("a.b", (Endpoint("h", 1),)), id="dot-in-name"),
         pytest.param(lambda: Backend("a", ()), id="no-endpoint"),
-        pytest.param(lambda: Endpoint("h", 0), id="bad-port"),
+        pytest.param(lambda: Backend("a", (Endpoint("h", 0),)), id="bad-port"),
         pytest.param(lambda: svc({"hello-g1": 0}), id="zero-sum"),
         pytest.param(lambda: ServiceRoute("hello", 1, (A,), {"other": 1}), id="unknown-weight"),
         pytest.param(lambda: ServiceRoute("hello", 1, (A, A), {"hello-g1": 1}), id="duplicate-backend"),

@@ -36,6 +36,9 @@ class Backend:
         check_name("backend", self.name)
         if not self.http:
             raise DataPlaneError(f"backend {self.name} has no HTTP endpoint")
+        for endpoint in self.http + self.grpc:
+            if not 0 < endpoint.port < 65536:
+                raise DataPlaneError(f"backend {self.name}: endpoint port {endpoint.port} is out of range")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Where a cluster's Serve proxy listens: what a provider reports and the data plane routes to."""
+"""Where a cluster's Serve proxy listens: what a provider reports and the data plane routes to
+(the data plane refuses a backend with an endpoint it cannot use)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,3 @@ from dataclasses import dataclass
 class Endpoint:
     host: str
     port: int
-
-    def __post_init__(self) -> None:
-        if not 0 < self.port < 65536:
-            raise ValueError(f"endpoint port {self.port} is out of range")
