@@ -338,3 +338,34 @@ def test_two_nodes_on_one_host_are_one_endpoint_of_the_ingress(tmp_path: Path, s
     cluster = cluster.with_changes(pool="fleet", nodes=nodes, ports=ports)
     endpoints = PoolClusters(store, tmp_path).endpoints(cluster, grpc=False)
     assert [(e.host, e.port) for e in endpoints] == [("10.0.0.11", ports.serve_http), ("10.0.0.12", ports.serve_http)]
+
+
+# -- a silent host is not a dead one (issue 19, item 1) -------------------------------------------
+
+
+async def test_a_pending_head_whose_host_is_silent_once_is_unknown_not_dead(world: PoolWorld) -> None:
+    pending = await _running_pending(world)
+    head_host = pending.nodes[0].host
+    world.fleet.silent.add(head_host)  # one look: the head's host does not answer
+    world.pools._liveness.clear()
+    world.clock.advance(1)
+    await world.tick()
+    seen = world.controller.observations[NAME].clusters[pending.name]
+    assert not seen.processes_alive and seen.head_silent_since == world.clock()
+    assert world.service().failure_reason is None, world.service().failure_reason
+    assert "RolloutFailed" not in world.reasons()
+
+    world.fleet.silent.discard(head_host)  # it answers again: the head was running all along
+    world.pools._liveness.clear()
+    world.clock.advance(1)
+    await world.tick()
+    assert world.controller.observations[NAME].clusters[pending.name].head_silent_since is None
+    assert world.service().failure_reason is None and world.only(ClusterRole.PENDING).name == pending.name
+
+    world.fleet.silent.add(head_host)  # silent on every look from now on
+    for _ in range(31):
+        world.pools._liveness.clear()
+        world.clock.advance(1)
+        await world.tick()
+    assert (world.service().failure_reason or "").startswith("HeadUnreachable"), world.service().failure_reason
+    await world.background_settled()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -92,6 +94,7 @@ class Observer:
         packages: Packages,
         shortfalls: dict[str, str],
         unacknowledged_routes: set[str],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.provider = provider
         self.dataplane = dataplane
@@ -101,10 +104,15 @@ class Observer:
         self.packages = packages
         self.shortfalls = shortfalls  # service -> why its next cluster cannot be placed now
         self.unacknowledged_routes = unacknowledged_routes  # services whose last route push failed
+        self.clock = clock
+        # service -> cluster -> since when its head's host has not answered, on every look since
+        # (in memory: after a restart the wait starts again, which only makes it longer)
+        self.silent_heads: dict[str, dict[str, float]] = {}
 
     async def observe(self, service: ServiceRecord, clusters: list[ClusterRecord], spec: ServiceSpec) -> Observation:
         live = [c for c in clusters if c.role != ClusterRole.DELETING]
-        observed = await asyncio.gather(*(self._observe_cluster(c, service, spec) for c in live))
+        looks = await asyncio.gather(*(self._observe_cluster(c, service, spec) for c in live))
+        observed = self._with_silence(service.name, looks)
         route: IngressRouteObservation | None = None
         ingress_ok = True
         counters: dict[str, BackendCounters] | None = None
@@ -138,13 +146,27 @@ class Observer:
             placement_problem=self.shortfalls.get(service.name),
         )
 
+    def _with_silence(self, service: str, observed: list[ClusterObservation]) -> list[ClusterObservation]:
+        """Each look at a silent head carries since when its host has been silent, so that the
+        planner waits a threshold before it counts the head as lost."""
+        before = self.silent_heads.pop(service, {})
+        now = self.clock()
+        silent = {o.name: before.get(o.name, now) for o in observed if o.head_silent_since is not None}
+        if silent:
+            self.silent_heads[service] = silent
+        return [replace(o, head_silent_since=silent[o.name]) if o.name in silent else o for o in observed]
+
     async def _observe_cluster(
         self, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec
     ) -> ClusterObservation:
         # exited: of the dead workers, those known gone (restartable in place)
-        alive, dead_workers, reason, exited = await self.provider.liveness(cluster)
+        alive, dead_workers, reason, exited, head_silent = await self.provider.liveness(cluster)
         if not alive:
-            return ClusterObservation(name=cluster.name, processes_alive=False, error=reason)
+            # A silent head is marked here; `_with_silence` puts the time its silence began.
+            silent_since = self.clock() if head_silent else None
+            return ClusterObservation(
+                name=cluster.name, processes_alive=False, head_silent_since=silent_since, error=reason
+            )
         if cluster.role == ClusterRole.ACTIVE and not dead_workers:
             # A serving cluster's worker being started again (or whose start failed) is missing:
             # unhealthy until it runs, so a worker that keeps dying cannot look healthy between tries.

@@ -78,6 +78,9 @@ class ClusterObservation:
     # Of those, the worker nodes (by pid) whose process is gone for sure: their host answered.
     # They can be started again where they were; a silent host's node may still run there.
     exited_workers: tuple[int, ...] = ()
+    # processes_alive is False because the head's host has not answered since then (on every
+    # look): unknown, not dead. The head may still run; only a host that answers says it exited.
+    head_silent_since: float | None = None
     error: str | None = None
     # Which of the configs servekeeper submitted Ray runs now, judged from deployed_app_config.
     deployed_config_hash: str | None = None

@@ -267,7 +267,8 @@ class PoolClusters:
         """Whether the head lives, which workers do not (and of those, which exited on a host
         that answered: they can be started again there), and why, like the local provider's
         checks; read at most every LIVENESS_CACHE_SECONDS. A host that does not answer counts as
-        a dead node, never as an exited one (its node may still run there)."""
+        a dead node, never as an exited one (its node may still run there): a silent head's
+        host is `head_silent`, unknown rather than dead."""
         cached = self._liveness.get(cluster.name)
         now = time.monotonic()
         pids = tuple(node.pid for node in cluster.nodes)
@@ -276,8 +277,8 @@ class PoolClusters:
         assert cluster.pool is not None
         try:
             ssh = self.ssh(cluster.pool)
-        except Shortfall as exc:  # the pool was deleted under it: nothing can be looked at
-            return Liveness(False, [], str(exc))
+        except Shortfall as exc:  # the pool was deleted under it: nothing can be looked at (unknown)
+            return Liveness(False, [], str(exc), head_silent=True)
         if not cluster.nodes:  # failed at placement: nothing was ever started
             return Liveness(False, [], None)
         started = [node for node in cluster.nodes if node.pid is not None]
@@ -298,7 +299,8 @@ class PoolClusters:
         if head.pid is None:
             result = Liveness(False, [], None)
         elif not answers[0][0]:
-            result = Liveness(False, [], f"head node {answers[0][1]}")
+            # Exited only if its host said so; a silent host's head may still run (unknown).
+            result = Liveness(False, [], f"head node {answers[0][1]}", head_silent=not answers[0][2])
         else:
             dead = [
                 (node, why, exited) for node, (ok, why, exited) in zip(started[1:], answers[1:], strict=True) if not ok

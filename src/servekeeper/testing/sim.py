@@ -52,6 +52,7 @@ class SimCluster:
     exited_workers: tuple[int, ...] = ()  # worker nodes (pids) whose process exited, until started again
     silent_workers: int = 0  # worker nodes on hosts that do not answer (dead, maybe still running)
     workers_keep_exiting: bool = False  # a restarted worker exits again at once
+    head_silent: bool = False  # the head's host does not answer (unknown: the head may still run)
 
 
 @dataclass
@@ -79,6 +80,7 @@ class SimWorld:
         # The ingress's per-backend counters (None: unreadable); grown by `serve_traffic`.
         self.counters: dict[str, BackendCounters] | None = {}
         self.ingress_epoch = "1"
+        self.silent_since: dict[str, float] = {}  # cluster -> since when its head's host is silent
 
     # -- inputs --------------------------------------------------------------------------
 
@@ -123,6 +125,11 @@ class SimWorld:
         behaviour = self.sim[cluster.name]
         if behaviour.started_at is None or not behaviour.head_alive:
             return ClusterObservation(name=cluster.name, processes_alive=False)
+        if behaviour.head_silent:  # as the controller reports it: since when, on every look since
+            since = self.silent_since.setdefault(cluster.name, self.now)
+            error = "head node host h0 did not answer within 4s"
+            return ClusterObservation(name=cluster.name, processes_alive=False, head_silent_since=since, error=error)
+        self.silent_since.pop(cluster.name, None)
         if behaviour.exited_workers or behaviour.silent_workers:
             return ClusterObservation(
                 name=cluster.name,
