@@ -16,6 +16,7 @@ import pytest
 
 from servekeeper.commands.hosts import usage
 from servekeeper.controller.loop import Controller
+from servekeeper.core.planner import MAX_WORKER_RESTARTS
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.hostpool import parse_host_pool
@@ -369,3 +370,39 @@ async def test_a_pending_head_whose_host_is_silent_once_is_unknown_not_dead(worl
         await world.tick()
     assert (world.service().failure_reason or "").startswith("HeadUnreachable"), world.service().failure_reason
     await world.background_settled()
+
+
+# -- a worker restart that keeps failing (issue 19, item 12) ----------------------------------------
+
+
+async def test_a_failing_worker_restart_backs_off_counts_its_tries_and_gives_up(world: PoolWorld) -> None:
+    spec = make_spec(
+        rayClusterConfig={"hostPool": "fleet", "head": {"numCpus": 2}, "workerGroups": [{"name": "w", "numCpus": 2}]},
+        serviceUnhealthySecondThreshold=86400,  # not replaced meanwhile: only the restarts are looked at
+    )
+    active = await world.roll_out(spec)
+    worker = active.nodes[1]
+    del world.fleet.running[worker.temp_dir]  # the worker exited; host b answers
+    world.fleet.fail_launch[worker.host] = CommandFailed(worker.host, ["ray"], 1, "ray: command not found")
+
+    def tries() -> int:
+        return world.fleet.calls.count(("launch", worker.temp_dir)) - 1  # less its first start
+
+    def failures() -> list[str]:
+        return [e.message for e in world.events() if e.reason == "NodeStartFailed"]
+
+    async def run_for(seconds: int) -> None:
+        for _ in range(seconds):
+            world.pools._liveness.clear()
+            await world.tick()
+            await world.background_settled()
+            world.clock.advance(1)
+
+    await run_for(60)  # tries at 0 (the restart), then 5, 15 and 35 s later: not one a tick
+    assert tries() == 4 and len(failures()) == 4, (tries(), failures())
+    assert world.cluster(active.name).nodes[1].restarts == 4, "each try counts as a restart"
+    assert "trying again in 5s" in failures()[0] and "trying again in 40s" in failures()[-1]
+    await run_for(600)  # the fifth try (at 75 s) is the last: the node's restarts are spent
+    assert tries() == MAX_WORKER_RESTARTS and len(failures()) == MAX_WORKER_RESTARTS
+    assert "no tries left" in failures()[-1]
+    assert world.cluster(active.name).nodes[1].restarts == MAX_WORKER_RESTARTS
