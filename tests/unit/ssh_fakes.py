@@ -2,10 +2,10 @@
 `SshNodes` the code under test makes, with controls to steer it; no connection is opened.
 
 Controls: `refuse[host]` / `silent[host]` (what a probe of that host raises), `fail_launch[host]`
-(what a launch there raises), `launch_gate` (a node launch waits for it on the host; cancelling
-the caller does not stop it), `leftovers[temp_dir]` (pids a stop of that node leaves alive). It
-keeps `running` (temp dir -> the node), `tokens` (path -> content), `stopped` (the nodes each stop
-got) and the `calls` it got.
+(what a launch there raises), `logs[temp_dir]` (what a node logged), `launch_gate` (a node launch
+waits for it on the host; cancelling the caller does not stop it), `leftovers[temp_dir]` (pids a
+stop of that node leaves alive). It keeps `running` (temp dir -> the node), `tokens` (path ->
+content), `stopped` (the nodes each stop got) and the `calls` it got.
 
 Below it, `FakeSshConnection`: an asyncssh connection with only an SFTP client over a local
 directory, for what `HostConnection` does with files."""
@@ -24,6 +24,7 @@ import asyncssh
 from servekeeper.model.hostpool import HostSpec
 from servekeeper.model.records import NodePorts
 from servekeeper.providers.node_argv import RemoteNode, cluster_dir
+from servekeeper.providers.node_log import last_lines
 from servekeeper.providers.ssh import HostUnreachable, SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
 from tests.unit.test_hostpool import host
@@ -35,6 +36,7 @@ class FakeFleet:
         self.silent: set[str] = set()
         self.launch_gate: asyncio.Event | None = None
         self.fail_launch: dict[str, SshError] = {}  # a launch on that host raises it
+        self.logs: dict[str, str] = {}  # temp dir -> what its node logged
         self.launching = asyncio.Event()  # set once a launch has begun (and waits for the gate)
         self.leftovers: dict[str, list[int]] = {}
         self.running: dict[str, RemoteNode] = {}
@@ -129,6 +131,11 @@ class FakeSshNodes(SshNodes):
         if node.host in self.fleet.silent:
             raise NodeUnreachable(node.host, f"cannot tell whether pid {node.pid} lives: timed out")
         return node.temp_dir in self.fleet.running
+
+    async def last_lines(self, node: RemoteNode) -> str:
+        if node.host in self.fleet.silent:
+            raise NodeUnreachable(node.host, f"cannot read the log of pid {node.pid}: timed out")
+        return last_lines(self.fleet.logs.get(node.temp_dir, ""))
 
     async def stop(self, node: RemoteNode) -> list[int]:
         self.fleet.calls.append(("stop", node.temp_dir))

@@ -406,3 +406,36 @@ async def test_a_failing_worker_restart_backs_off_counts_its_tries_and_gives_up(
     assert tries() == MAX_WORKER_RESTARTS and len(failures()) == MAX_WORKER_RESTARTS
     assert "no tries left" in failures()[-1]
     assert world.cluster(active.name).nodes[1].restarts == MAX_WORKER_RESTARTS
+
+
+# -- a node that exits says why (issue 19, item 0) --------------------------------------------------
+
+LOG = "\n".join(f"line {i}" for i in range(1, 8)) + "\nRuntimeError: the raylet could not reach the GCS\n\n"
+
+
+async def test_a_worker_that_exited_is_restarted_with_its_last_log_lines_in_the_event(world: PoolWorld) -> None:
+    pending = await _running_pending(world)
+    worker = pending.nodes[1]
+    del world.fleet.running[worker.temp_dir]  # its process exited; host b answers
+    world.fleet.logs[worker.temp_dir] = LOG
+    world.pools._liveness.clear()
+    await world.tick()
+    [restarting] = [e.message for e in world.events() if e.reason == "WorkerRestarting"]
+    assert restarting.endswith("line 4 | line 5 | line 6 | line 7 | RuntimeError: the raylet could not reach the GCS")
+    assert "line 3" not in restarting, "the last 5 lines only"
+    await world.background_settled()
+
+
+async def test_a_pending_head_that_exited_fails_the_rollout_at_once_with_its_last_log_lines(world: PoolWorld) -> None:
+    pending = await _running_pending(world)
+    head = pending.nodes[0]
+    del world.fleet.running[head.temp_dir]  # its host answered: the head exited (known, not silent)
+    world.fleet.logs[head.temp_dir] = "x" * 2000 + "\nfatal: port 6379 already in use"
+    world.pools._liveness.clear()
+    await world.tick()
+    reason = world.service().failure_reason or ""
+    assert reason.startswith("HeadDied") and reason.endswith("fatal: port 6379 already in use"), reason
+    assert len(reason) < 800, "the log's tail, bounded"
+    [failed] = [e.message for e in world.events() if e.reason == "RolloutFailed"]
+    assert "fatal: port 6379 already in use" in failed
+    await world.background_settled()

@@ -159,11 +159,12 @@ class Observer:
     async def _observe_cluster(
         self, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec
     ) -> ClusterObservation:
+        liveness = await self.provider.liveness(cluster)
         # exited: of the dead workers, those known gone (restartable in place)
-        alive, dead_workers, reason, exited, head_silent = await self.provider.liveness(cluster)
+        alive, dead_workers, reason, exited = liveness[:4]
         if not alive:
             # A silent head is marked here; `_with_silence` puts the time its silence began.
-            silent_since = self.clock() if head_silent else None
+            silent_since = self.clock() if liveness.head_silent else None
             return ClusterObservation(
                 name=cluster.name, processes_alive=False, head_silent_since=silent_since, error=reason
             )
@@ -184,6 +185,7 @@ class Observer:
                 processes_alive=True,
                 dead_workers=len(dead_workers),
                 exited_workers=exited,
+                exit_causes=dict(liveness.exit_causes),
                 error=reason,
             )
         auth = headers_kwargs(self.provider, cluster)  # only now: a cluster that never started may have no token

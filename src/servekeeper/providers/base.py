@@ -43,6 +43,8 @@ class Liveness(NamedTuple):
     # head_alive is False because the head's host did not answer: the head may still run there.
     # Only a head whose host answered "not running" has exited for sure.
     head_silent: bool = False
+    # (pid, the last lines of its log) of the exited workers: why, for the event that restarts it
+    exit_causes: tuple[tuple[int, str], ...] = ()
 
 
 # Records at once what a start or stop learned of one cluster: `record(**changes)`, the
