@@ -317,12 +317,19 @@ async def test_a_worker_that_exited_on_a_host_that_answers_is_started_again_ther
     assert "WorkerRestarting" in world.reasons()
 
 
-async def test_a_worker_on_a_silent_host_is_dead_not_restarted_and_fails_the_pending_rollout(world: PoolWorld) -> None:
+async def test_a_worker_on_a_silent_host_is_not_restarted_and_fails_the_rollout_past_the_threshold(
+    world: PoolWorld,
+) -> None:
     pending = await _running_pending(world)
     world.fleet.silent.add(pending.nodes[1].host)
     world.pools._liveness.clear()
     await world.tick()
-    assert (world.service().failure_reason or "").startswith("WorkerDied"), world.service().failure_reason
+    assert world.service().failure_reason is None, "one silent look: unknown, not dead"
+    for _ in range(31):  # silent on every look: lost past the unhealthy threshold (30 s)
+        world.clock.advance(1)
+        world.pools._liveness.clear()
+        await world.tick()
+    assert (world.service().failure_reason or "").startswith("WorkerUnreachable"), world.service().failure_reason
     assert "WorkerRestarting" not in world.reasons()
     assert not [call for call in world.fleet.calls if call == ("launch", pending.nodes[1].temp_dir)][1:]
 

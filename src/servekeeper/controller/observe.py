@@ -105,9 +105,10 @@ class Observer:
         self.shortfalls = shortfalls  # service -> why its next cluster cannot be placed now
         self.unacknowledged_routes = unacknowledged_routes  # services whose last route push failed
         self.clock = clock
-        # service -> cluster -> since when its head's host has not answered, on every look since
-        # (in memory: after a restart the wait starts again, which only makes it longer)
-        self.silent_heads: dict[str, dict[str, float]] = {}
+        # service -> (cluster, "head" or "workers") -> since when that host (a worker's: any) has
+        # not answered, on every look since (in memory: after a restart the wait starts again,
+        # which only makes it longer)
+        self.silent_hosts: dict[str, dict[tuple[str, str], float]] = {}
 
     async def observe(self, service: ServiceRecord, clusters: list[ClusterRecord], spec: ServiceSpec) -> Observation:
         live = [c for c in clusters if c.role != ClusterRole.DELETING]
@@ -147,14 +148,29 @@ class Observer:
         )
 
     def _with_silence(self, service: str, observed: list[ClusterObservation]) -> list[ClusterObservation]:
-        """Each look at a silent head carries since when its host has been silent, so that the
-        planner waits a threshold before it counts the head as lost."""
-        before = self.silent_heads.pop(service, {})
+        """Each look at a silent host carries since when it has been silent, so that the planner
+        waits a threshold before it counts its node as lost."""
+        before = self.silent_hosts.pop(service, {})
         now = self.clock()
-        silent = {o.name: before.get(o.name, now) for o in observed if o.head_silent_since is not None}
-        if silent:
-            self.silent_heads[service] = silent
-        return [replace(o, head_silent_since=silent[o.name]) if o.name in silent else o for o in observed]
+        since: dict[tuple[str, str], float] = {}
+
+        def began(look: ClusterObservation, which: str, marked: float | None) -> float | None:
+            if marked is None:
+                return None
+            since[(look.name, which)] = before.get((look.name, which), now)
+            return since[(look.name, which)]
+
+        looks = [
+            replace(
+                look,
+                head_silent_since=began(look, "head", look.head_silent_since),
+                workers_silent_since=began(look, "workers", look.workers_silent_since),
+            )
+            for look in observed
+        ]
+        if since:
+            self.silent_hosts[service] = since
+        return looks
 
     async def _observe_cluster(
         self, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec
@@ -163,7 +179,7 @@ class Observer:
         # exited: of the dead workers, those known gone (restartable in place)
         alive, dead_workers, reason, exited = liveness[:4]
         if not alive:
-            # A silent head is marked here; `_with_silence` puts the time its silence began.
+            # A silent host is marked here; `_with_silence` puts the time its silence began.
             silent_since = self.clock() if liveness.head_silent else None
             return ClusterObservation(
                 name=cluster.name, processes_alive=False, head_silent_since=silent_since, error=reason
@@ -186,6 +202,8 @@ class Observer:
                 dead_workers=len(dead_workers),
                 exited_workers=exited,
                 exit_causes=dict(liveness.exit_causes),
+                silent_workers=len(liveness.silent_workers),
+                workers_silent_since=self.clock() if liveness.silent_workers else None,
                 error=reason,
             )
         auth = headers_kwargs(self.provider, cluster)  # only now: a cluster that never started may have no token

@@ -35,6 +35,7 @@ async def look(ssh: SshNodes, cluster: ClusterRecord) -> Liveness:
         [node.pid for node, _, _ in dead if node.pid is not None],
         f"worker node pid {dead[0][0].pid} {dead[0][1]}" if dead else None,
         tuple(node.pid for node, _, exited in dead if exited and node.pid is not None),
+        silent_workers=tuple(node.pid for node, _, exited in dead if not exited and node.pid is not None),
         exit_causes=tuple((node.pid, why) for node, why, exited in dead if exited and node.pid is not None),
     )
 

@@ -79,9 +79,15 @@ def pending_failure(ctx: PlanContext, pending: ClusterRecord, observed: ClusterO
         silent_for = ctx.now - silent_since
         if silent_for >= ctx.spec.spec.serviceUnhealthySecondThreshold:
             return f"HeadUnreachable: the head of pending cluster {pending.name} unknown for {silent_for:g}s{cause}"
-    # One on a silent host may not come back; one that keeps exiting will not.
-    if observed.dead_workers > len(restartable(pending, observed.exited_workers)):
+    # One that keeps exiting will not come back; one on a silent host may still run: it is lost
+    # only once its host stays silent past the threshold.
+    if observed.dead_workers - observed.silent_workers > len(restartable(pending, observed.exited_workers)):
         return f"WorkerDied: pending cluster {pending.name}: {observed.error}"
+    workers_silent_since = observed.workers_silent_since
+    if observed.silent_workers and workers_silent_since is not None:
+        silent_for = ctx.now - workers_silent_since
+        if silent_for >= ctx.spec.spec.serviceUnhealthySecondThreshold:
+            return f"WorkerUnreachable: pending cluster {pending.name}, unknown for {silent_for:g}s: {observed.error}"
     if pending.applied_config_hash == ctx.desired_config_hash and observed.apps is not None:
         for name, app in sorted(ctx.judged_apps(observed).items()):
             if app.status in FAILED_APP_STATUSES:
