@@ -4,12 +4,19 @@ reads (issue 19, item 0), from a local node's log and from a pool host's node ag
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
+from servekeeper.model.hostpool import HostSpec
 from servekeeper.providers.local import LocalProvider
+from servekeeper.providers.node_argv import RemoteNode
 from servekeeper.providers.node_log import LAST_CHARS, last_lines
 from servekeeper.providers.remote import node_agent
+from servekeeper.providers.ssh_nodes import SshNodes
+from tests.unit.test_hostpool import host
+from tests.unit.test_node_agent import LocalShell
 from tests.unit.test_pool_clusters import draft, pool_spec
+from tests.unit.test_ssh import PORTS
 
 LOG = "starting\n\n" + "".join(f"step {i}\n" for i in range(10)) + "ValueError: bad port\nray start exited\n"
 
@@ -41,3 +48,15 @@ def test_the_node_agent_reads_the_end_of_a_log_and_never_through_a_symlink(tmp_p
     os.symlink(secret, planted)
     answer = node_agent.run("tail", {"log": str(planted), "bytes": 4096})
     assert answer["tail"] == "" and str(planted) in answer["error"]
+
+
+async def test_the_controller_side_reads_a_nodes_last_lines_through_the_agent(tmp_path: Path) -> None:
+    spec = HostSpec.model_validate({**host("here", "127.0.0.1"), "python": sys.executable})
+    nodes = SshNodes([spec])
+    nodes.connection("here")._connection = LocalShell()  # type: ignore[assignment]
+    marker = str(tmp_path / "n0")
+    node = RemoteNode("here", "127.0.0.1", "worker", 4242, 4242, marker, f"{marker}.log", PORTS)
+    Path(f"{marker}.log").write_text("z" * 20000 + "\n" + LOG)
+    assert await nodes.last_lines(node) == "step 7 | step 8 | step 9 | ValueError: bad port | ray start exited"
+    Path(f"{marker}.log").unlink()
+    assert (await nodes.last_lines(node)).startswith("no log (")
