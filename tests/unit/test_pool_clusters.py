@@ -430,6 +430,7 @@ async def test_a_worker_that_exited_is_restarted_with_its_last_log_lines_in_the_
     [restarting] = [e.message for e in world.events() if e.reason == "WorkerRestarting"]
     assert restarting.endswith("line 4 | line 5 | line 6 | line 7 | RuntimeError: the raylet could not reach the GCS")
     assert "line 3" not in restarting, "the last 5 lines only"
+    assert restarting.count("exited") == 1
     await world.background_settled()
 
 
