@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any, Literal
 
 import asyncssh
@@ -132,10 +132,10 @@ class FakeSshNodes(SshNodes):
             raise NodeUnreachable(node.host, f"cannot tell whether pid {node.pid} lives: timed out")
         return node.temp_dir in self.fleet.running
 
-    async def last_lines(self, node: RemoteNode) -> str:
+    async def last_lines(self, node: RemoteNode, hide: Collection[str] = ()) -> str:
         if node.host in self.fleet.silent:
             raise NodeUnreachable(node.host, f"cannot read the log of pid {node.pid}: timed out")
-        return last_lines(self.fleet.logs.get(node.temp_dir, ""))
+        return last_lines(self.fleet.logs.get(node.temp_dir, ""), hide=hide)
 
     async def stop(self, node: RemoteNode) -> list[int]:
         self.fleet.calls.append(("stop", node.temp_dir))

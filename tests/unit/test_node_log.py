@@ -26,13 +26,16 @@ def test_last_lines_are_the_last_five_non_empty_ones_cut_to_their_last_character
     long = last_lines("a" * 5000 + "\nthe cause")
     assert len(long) == LAST_CHARS and long.startswith("...") and long.endswith("the cause")
     assert last_lines("\n \n") == "empty log"
+    hidden = last_lines("token=abcdef123456 port=8265\n", hide=["abcdef123456", "8265", "abcdef"])
+    assert hidden == "token=*** port=8265", "the longest first; short values left"
 
 
 def test_a_local_node_that_exited_gives_its_last_lines_not_only_its_last_error(tmp_path: Path) -> None:
-    cluster = draft("c", pool_spec(workers=0).spec.rayClusterConfig).with_changes(log_dir=str(tmp_path))
-    (tmp_path / "head.log").write_text("x" * 10000 + "\n" + LOG)
+    config = pool_spec(workers=0, head={"numCpus": 1, "env": {"PASSWORD": "hunter2hunter2"}}).spec.rayClusterConfig
+    cluster = draft("c", config).with_changes(log_dir=str(tmp_path))
+    (tmp_path / "head.log").write_text("x" * 10000 + "\n" + LOG + "login hunter2hunter2 refused\n")
     reason = LocalProvider().exit_reason(cluster)
-    assert reason == "step 7 | step 8 | step 9 | ValueError: bad port | ray start exited"
+    assert reason == "step 8 | step 9 | ValueError: bad port | ray start exited | login *** refused"
     (tmp_path / "head.log").unlink()
     assert LocalProvider().exit_reason(cluster) == "no log"
 
@@ -58,5 +61,6 @@ async def test_the_controller_side_reads_a_nodes_last_lines_through_the_agent(tm
     node = RemoteNode("here", "127.0.0.1", "worker", 4242, 4242, marker, f"{marker}.log", PORTS)
     Path(f"{marker}.log").write_text("z" * 20000 + "\n" + LOG)
     assert await nodes.last_lines(node) == "step 7 | step 8 | step 9 | ValueError: bad port | ray start exited"
+    assert (await nodes.last_lines(node, hide=["ValueError"])).endswith("***: bad port | ray start exited")
     Path(f"{marker}.log").unlink()
     assert (await nodes.last_lines(node)).startswith("no log (")

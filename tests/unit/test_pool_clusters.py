@@ -447,3 +447,19 @@ async def test_a_pending_head_that_exited_fails_the_rollout_at_once_with_its_las
     [failed] = [e.message for e in world.events() if e.reason == "RolloutFailed"]
     assert "fatal: port 6379 already in use" in failed
     await world.background_settled()
+
+
+async def test_no_env_value_of_the_cluster_reaches_the_event_from_a_nodes_log(world: PoolWorld) -> None:
+    group = {"name": "w", "numCpus": 2, "env": {"API_KEY": "s3cr3t-value-42", "DEBUG": "1"}}
+    world.apply(make_spec(rayClusterConfig={"hostPool": "fleet", "head": {"numCpus": 2}, "workerGroups": [group]}))
+    await world.tick()
+    await world.background_settled()
+    worker = world.only(ClusterRole.PENDING).nodes[1]
+    del world.fleet.running[worker.temp_dir]
+    world.fleet.logs[worker.temp_dir] = "DEBUG=1\nauth failed with key s3cr3t-value-42\n"
+    world.pools._liveness.clear()
+    await world.tick()
+    [restarting] = [e.message for e in world.events() if e.reason == "WorkerRestarting"]
+    assert restarting.endswith("DEBUG=1 | auth failed with key ***"), restarting
+    assert all("s3cr3t" not in e.message for e in world.events())
+    await world.background_settled()

@@ -28,7 +28,7 @@ from servekeeper.dataplane import Endpoint
 from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import ClusterRecords, Liveness, ProviderError, RecordChanges
-from servekeeper.providers.node_log import TAIL_BYTES, last_lines
+from servekeeper.providers.node_log import TAIL_BYTES, env_values, last_lines
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.ray_start import node_port_args, param_args, resource_args
 
@@ -259,7 +259,7 @@ class LocalProvider:
         try:
             with open(Path(cluster.log_dir) / log_name, "rb") as log:
                 log.seek(max(0, log.seek(0, os.SEEK_END) - TAIL_BYTES))
-                return last_lines(log.read().decode(errors="replace"))
+                return last_lines(log.read().decode(errors="replace"), hide=env_values(cluster.cluster_spec_json))
         except OSError:
             return "no log"
 

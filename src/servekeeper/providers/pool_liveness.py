@@ -10,6 +10,7 @@ from typing import NamedTuple
 from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.base import Liveness, ProviderError
 from servekeeper.providers.node_argv import remote_node
+from servekeeper.providers.node_log import env_values
 from servekeeper.providers.ssh import SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
 
@@ -30,7 +31,8 @@ async def look(ssh: SshNodes, cluster: ClusterRecord) -> Liveness:
     if not cluster.nodes:  # failed at placement: nothing was ever started
         return Liveness(False, [], None)
     started = [node for node in cluster.nodes if node.pid is not None]
-    answers = await asyncio.gather(*(_node(ssh, node) for node in started))
+    hide = env_values(cluster.cluster_spec_json)  # none of it in an event
+    answers = await asyncio.gather(*(_node(ssh, node, hide) for node in started))
     if cluster.nodes[0].pid is None:
         return Liveness(False, [], None)
     head = answers[0]
@@ -53,7 +55,7 @@ async def look(ssh: SshNodes, cluster: ClusterRecord) -> Liveness:
     )
 
 
-async def _node(ssh: SshNodes, node: NodePlacement) -> NodeAnswer:
+async def _node(ssh: SshNodes, node: NodePlacement, hide: list[str]) -> NodeAnswer:
     try:
         running = await asyncio.wait_for(ssh.alive(remote_node(node)), LIVENESS_TIMEOUT_SECONDS)
     except asyncio.TimeoutError:
@@ -63,7 +65,7 @@ async def _node(ssh: SshNodes, node: NodePlacement) -> NodeAnswer:
     if running:
         return NodeAnswer(True, "", False)
     try:  # what the node said last: the cause an operator needs
-        cause = await asyncio.wait_for(ssh.last_lines(remote_node(node)), LIVENESS_TIMEOUT_SECONDS)
+        cause = await asyncio.wait_for(ssh.last_lines(remote_node(node), hide), LIVENESS_TIMEOUT_SECONDS)
     except asyncio.TimeoutError:
         cause = "its log not read (the host did not answer in time)"
     except (NodeUnreachable, SshError, ProviderError) as exc:
