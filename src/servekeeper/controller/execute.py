@@ -203,7 +203,8 @@ class Executor:
         if tries >= MAX_WORKER_RESTARTS:
             self.start_retries[cluster.name] = (failures, math.inf)
             return f"no tries left (restart {tries} of at most {MAX_WORKER_RESTARTS}): the node stays down"
-        delay = min(START_RETRY_FIRST_SECONDS * 2 ** (failures - 1), START_RETRY_MAX_SECONDS)
+        # (the exponent capped: a count without a restart budget, a local cluster's, keeps growing)
+        delay = min(START_RETRY_FIRST_SECONDS * 2 ** min(failures - 1, 16), START_RETRY_MAX_SECONDS)
         self.start_retries[cluster.name] = (failures, self.clock() + delay)
         return f"trying again in {delay:g}s (restart {tries} of at most {MAX_WORKER_RESTARTS})"
 
