@@ -1,10 +1,11 @@
 """A fake of the SSH side of host pools (`SshNodes`): a fleet of pretend hosts shared by every
 `SshNodes` the code under test makes, with controls to steer it; no connection is opened.
 
-Controls: `refuse[host]` / `silent[host]` (what a probe of that host raises), `launch_gate` (a
-node launch waits for it on the host; cancelling the caller does not stop it), `leftovers[temp_dir]`
-(pids a stop of that node leaves alive). It keeps `running` (temp dir -> the node), `tokens`
-(path -> content), `stopped` (the nodes each stop got) and the `calls` it got.
+Controls: `refuse[host]` / `silent[host]` (what a probe of that host raises), `fail_launch[host]`
+(what a launch there raises), `logs[temp_dir]` (what a node logged), `launch_gate` (a node launch
+waits for it on the host; cancelling the caller does not stop it), `leftovers[temp_dir]` (pids a
+stop of that node leaves alive). It keeps `running` (temp dir -> the node), `tokens` (path ->
+content), `stopped` (the nodes each stop got) and the `calls` it got.
 
 Below it, `FakeSshConnection`: an asyncssh connection with only an SFTP client over a local
 directory, for what `HostConnection` does with files."""
@@ -15,7 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any, Literal
 
 import asyncssh
@@ -23,6 +24,7 @@ import asyncssh
 from servekeeper.model.hostpool import HostSpec
 from servekeeper.model.records import NodePorts
 from servekeeper.providers.node_argv import RemoteNode, cluster_dir
+from servekeeper.providers.node_log import last_lines
 from servekeeper.providers.ssh import HostUnreachable, SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
 from tests.unit.test_hostpool import host
@@ -33,6 +35,8 @@ class FakeFleet:
         self.refuse: dict[str, SshError] = {}
         self.silent: set[str] = set()
         self.launch_gate: asyncio.Event | None = None
+        self.fail_launch: dict[str, SshError] = {}  # a launch on that host raises it
+        self.logs: dict[str, str] = {}  # temp dir -> what its node logged
         self.launching = asyncio.Event()  # set once a launch has begun (and waits for the gate)
         self.leftovers: dict[str, list[int]] = {}
         self.running: dict[str, RemoteNode] = {}
@@ -116,6 +120,8 @@ class FakeSshNodes(SshNodes):
         env: Mapping[str, str] | None = None,
     ) -> RemoteNode:
         self.fleet.calls.append(("launch", temp_dir))
+        if host in self.fleet.fail_launch:
+            raise self.fleet.fail_launch[host]
         # The command is on its way: the host starts the node whatever becomes of this call.
         on_host = asyncio.ensure_future(self.fleet.launch_on_host(self.host(host), role, temp_dir, ports))
         self.fleet.launches.append(on_host)
@@ -125,6 +131,11 @@ class FakeSshNodes(SshNodes):
         if node.host in self.fleet.silent:
             raise NodeUnreachable(node.host, f"cannot tell whether pid {node.pid} lives: timed out")
         return node.temp_dir in self.fleet.running
+
+    async def last_lines(self, node: RemoteNode, hide: Collection[str] = ()) -> str:
+        if node.host in self.fleet.silent:
+            raise NodeUnreachable(node.host, f"cannot read the log of pid {node.pid}: timed out")
+        return last_lines(self.fleet.logs.get(node.temp_dir, ""), hide=hide)
 
     async def stop(self, node: RemoteNode) -> list[int]:
         self.fleet.calls.append(("stop", node.temp_dir))

@@ -473,3 +473,33 @@ def test_steps_done_without_a_passed_interval_wait_for_one_or_for_promote() -> N
     world.clusters[canary.name] = pending_of(world).with_changes(promote_requests=1)
     world.tick()
     assert world.clusters[canary.name].role == ClusterRole.ACTIVE
+
+
+# -- a silent host is not a dead one (issue 19, item 1) -----------------------------------------
+
+
+def test_a_stable_head_silent_for_one_look_does_not_hand_the_traffic_to_the_canary() -> None:
+    world = ready_world(canary_spec())
+    stable, canary = canary_started(world, canary_spec(msg="v2"))
+    world.sim[stable.name].head_silent = True  # one SSH look timed out: unknown, not dead
+    world.tick()
+    world.advance(0.5)
+    world.sim[stable.name].head_silent = False
+    world.run_for(5)
+    assert "CanaryTakesOver" not in reasons(world)
+    assert world.clusters[canary.name].role == ClusterRole.PENDING
+    assert weights(world) == {stable.name: 90, canary.name: 10}, "the canary stays at its step"
+    assert world.service.unhealthy_since is None and "ClusterHealthy" in reasons(world)
+
+
+def test_a_stable_head_that_stays_silent_is_lost_only_after_the_unhealthy_threshold() -> None:
+    world = ready_world(canary_spec())  # serviceUnhealthySecondThreshold: 30
+    stable, canary = canary_started(world, canary_spec(msg="v2"))
+    world.sim[stable.name].head_silent = True
+    world.run_for(29)
+    assert "CanaryTakesOver" not in reasons(world) and weights(world)[canary.name] == 10
+    unhealthy = [e for e in world.events if e.reason == "ClusterUnhealthy"]
+    assert unhealthy and "HeadUnreachable" in unhealthy[-1].message
+    world.run_for(2)
+    assert "CanaryTakesOver" in reasons(world)
+    assert weights(world)[canary.name] == 100 and world.clusters[canary.name].role == ClusterRole.ACTIVE

@@ -421,7 +421,8 @@ async def test_a_node_start_failing_on_a_serving_cluster_is_an_event_not_a_failu
     await world.background_settled()
     assert world.cluster(pending.name).failure_reason is None
     started = [e for e in world.events() if e.reason == "NodeStartFailed"]
-    assert [e.message for e in started] == [f"{pending.name}: no memory for the raylet"]
+    assert len(started) == 1
+    assert started[0].message.startswith(f"{pending.name}: no memory for the raylet; trying again")
     assert started[0].type == "Warning"
 
 

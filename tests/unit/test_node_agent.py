@@ -210,7 +210,7 @@ def test_no_block_fits_in_a_range_smaller_than_a_block() -> None:
     ("argv", "message"),
     [
         pytest.param(
-            [], "usage: node_agent {prepare,launch,alive,stop,forget,ports,free} < request.json", id="no-command"
+            [], "usage: node_agent {prepare,launch,alive,tail,stop,forget,ports,free} < request.json", id="no-command"
         ),
         pytest.param(["reboot"], "unknown command reboot", id="unknown"),
     ],

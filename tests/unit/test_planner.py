@@ -518,11 +518,14 @@ def test_a_pending_cluster_whose_worker_exited_restarts_it_instead_of_failing_th
     world.run_for(20)
     assert world.service.failure_reason is None
     assert world.route is not None and world.route.active == pending
-    # A worker whose host fell silent (dead, not known to have exited) may not come back: fail.
+    # A worker whose host fell silent (unknown, not known to have exited) is not restarted, and
+    # fails the rollout only once silent past the unhealthy threshold (issue 19, item 1).
     doomed = _pending_with_exited_worker(world, cpus=3)
     world.sim[doomed].exited_workers, world.sim[doomed].silent_workers = (), 1
-    world.tick()
-    assert (world.service.failure_reason or "").startswith("WorkerDied"), world.service.failure_reason
+    world.run_for(29)
+    assert world.service.failure_reason is None, world.service.failure_reason
+    world.run_for(2)
+    assert (world.service.failure_reason or "").startswith("WorkerUnreachable"), world.service.failure_reason
     assert [e.reason for e in world.events].count("WorkerRestarting") == 1
 
 
@@ -533,4 +536,39 @@ def test_a_pending_cluster_whose_worker_keeps_exiting_fails_the_rollout_after_th
     world.run_for(10)
     assert [e.reason for e in world.events].count("WorkerRestarting") == MAX_WORKER_RESTARTS
     assert (world.service.failure_reason or "").startswith("WorkerDied"), world.service.failure_reason
+    assert world.route is not None and world.route.active != pending
+
+
+# -- a silent host is not a dead one (issue 19, item 1) -----------------------------------------
+
+
+def _pending_started(world: SimWorld) -> str:
+    world.apply(make_spec(cpus=2))  # a new cluster spec: a pending cluster, all traffic at once
+    world.run_for(7)  # its head up, its config not yet running
+    [pending] = world.with_role(ClusterRole.PENDING)
+    return pending.name
+
+
+def test_a_pending_head_silent_for_one_look_does_not_fail_the_rollout() -> None:
+    world = rolled_out(SimWorld(make_spec()))
+    pending = _pending_started(world)
+    world.sim[pending].head_silent = True
+    world.tick()
+    assert world.service.failure_reason is None, world.service.failure_reason
+    world.advance(0.5)
+    world.sim[pending].head_silent = False
+    world.run_for(10)
+    assert world.service.failure_reason is None
+    assert world.route is not None and world.route.active == pending
+
+
+def test_a_pending_head_that_stays_silent_fails_the_rollout_after_the_threshold() -> None:
+    world = rolled_out(SimWorld(make_spec(serviceUnhealthySecondThreshold=30)))
+    pending = _pending_started(world)
+    world.sim[pending].head_silent = True
+    world.run_for(29)
+    assert world.service.failure_reason is None, world.service.failure_reason
+    world.run_for(2)
+    reason = world.service.failure_reason or ""
+    assert reason.startswith("HeadUnreachable") and "did not answer" in reason, reason
     assert world.route is not None and world.route.active != pending

@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from servekeeper.controller.loop import Controller
+from servekeeper.core.planner import MAX_WORKER_RESTARTS
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.hostpool import parse_host_pool
@@ -317,12 +318,19 @@ async def test_a_worker_that_exited_on_a_host_that_answers_is_started_again_ther
     assert "WorkerRestarting" in world.reasons()
 
 
-async def test_a_worker_on_a_silent_host_is_dead_not_restarted_and_fails_the_pending_rollout(world: PoolWorld) -> None:
+async def test_a_worker_on_a_silent_host_is_not_restarted_and_fails_the_rollout_past_the_threshold(
+    world: PoolWorld,
+) -> None:
     pending = await _running_pending(world)
     world.fleet.silent.add(pending.nodes[1].host)
     world.pools._liveness.clear()
     await world.tick()
-    assert (world.service().failure_reason or "").startswith("WorkerDied"), world.service().failure_reason
+    assert world.service().failure_reason is None, "one silent look: unknown, not dead"
+    for _ in range(31):  # silent on every look: lost past the unhealthy threshold (30 s)
+        world.clock.advance(1)
+        world.pools._liveness.clear()
+        await world.tick()
+    assert (world.service().failure_reason or "").startswith("WorkerUnreachable"), world.service().failure_reason
     assert "WorkerRestarting" not in world.reasons()
     assert not [call for call in world.fleet.calls if call == ("launch", pending.nodes[1].temp_dir)][1:]
 
@@ -339,3 +347,120 @@ def test_two_nodes_on_one_host_are_one_endpoint_of_the_ingress(tmp_path: Path, s
     cluster = cluster.with_changes(pool="fleet", nodes=nodes, ports=ports)
     endpoints = PoolClusters(store, tmp_path).endpoints(cluster, grpc=False)
     assert [(e.host, e.port) for e in endpoints] == [("10.0.0.11", ports.serve_http), ("10.0.0.12", ports.serve_http)]
+
+
+# -- a silent host is not a dead one (issue 19, item 1) -------------------------------------------
+
+
+async def test_a_pending_head_whose_host_is_silent_once_is_unknown_not_dead(world: PoolWorld) -> None:
+    pending = await _running_pending(world)
+    head_host = pending.nodes[0].host
+    world.fleet.silent.add(head_host)  # one look: the head's host does not answer
+    world.pools._liveness.clear()
+    world.clock.advance(1)
+    await world.tick()
+    seen = world.controller.observations[NAME].clusters[pending.name]
+    assert not seen.processes_alive and seen.head_silent_since == world.clock()
+    assert world.service().failure_reason is None, world.service().failure_reason
+    assert "RolloutFailed" not in world.reasons()
+
+    world.fleet.silent.discard(head_host)  # it answers again: the head was running all along
+    world.pools._liveness.clear()
+    world.clock.advance(1)
+    await world.tick()
+    assert world.controller.observations[NAME].clusters[pending.name].head_silent_since is None
+    assert world.service().failure_reason is None and world.only(ClusterRole.PENDING).name == pending.name
+
+    world.fleet.silent.add(head_host)  # silent on every look from now on
+    for _ in range(31):
+        world.pools._liveness.clear()
+        world.clock.advance(1)
+        await world.tick()
+    assert (world.service().failure_reason or "").startswith("HeadUnreachable"), world.service().failure_reason
+    await world.background_settled()
+
+
+# -- a worker restart that keeps failing (issue 19, item 12) ----------------------------------------
+
+
+async def test_a_failing_worker_restart_backs_off_counts_its_tries_and_gives_up(world: PoolWorld) -> None:
+    spec = make_spec(
+        rayClusterConfig={"hostPool": "fleet", "head": {"numCpus": 2}, "workerGroups": [{"name": "w", "numCpus": 2}]},
+        serviceUnhealthySecondThreshold=86400,  # not replaced meanwhile: only the restarts are looked at
+    )
+    active = await world.roll_out(spec)
+    worker = active.nodes[1]
+    del world.fleet.running[worker.temp_dir]  # the worker exited; host b answers
+    world.fleet.fail_launch[worker.host] = CommandFailed(worker.host, ["ray"], 1, "ray: command not found")
+
+    def tries() -> int:
+        return world.fleet.calls.count(("launch", worker.temp_dir)) - 1  # less its first start
+
+    def failures() -> list[str]:
+        return [e.message for e in world.events() if e.reason == "NodeStartFailed"]
+
+    async def run_for(seconds: int) -> None:
+        for _ in range(seconds):
+            world.pools._liveness.clear()
+            await world.tick()
+            await world.background_settled()
+            world.clock.advance(1)
+
+    await run_for(60)  # tries at 0 (the restart), then 5, 15 and 35 s later: not one a tick
+    assert tries() == 4 and len(failures()) == 4, (tries(), failures())
+    assert world.cluster(active.name).nodes[1].restarts == 4, "each try counts as a restart"
+    assert "trying again in 5s" in failures()[0] and "trying again in 40s" in failures()[-1]
+    await run_for(600)  # the fifth try (at 75 s) is the last: the node's restarts are spent
+    assert tries() == MAX_WORKER_RESTARTS and len(failures()) == MAX_WORKER_RESTARTS
+    assert "no tries left" in failures()[-1]
+    assert world.cluster(active.name).nodes[1].restarts == MAX_WORKER_RESTARTS
+
+
+# -- a node that exits says why (issue 19, item 0) --------------------------------------------------
+
+LOG = "\n".join(f"line {i}" for i in range(1, 8)) + "\nRuntimeError: the raylet could not reach the GCS\n\n"
+
+
+async def test_a_worker_that_exited_is_restarted_with_its_last_log_lines_in_the_event(world: PoolWorld) -> None:
+    pending = await _running_pending(world)
+    worker = pending.nodes[1]
+    del world.fleet.running[worker.temp_dir]  # its process exited; host b answers
+    world.fleet.logs[worker.temp_dir] = LOG
+    world.pools._liveness.clear()
+    await world.tick()
+    [restarting] = [e.message for e in world.events() if e.reason == "WorkerRestarting"]
+    assert restarting.endswith("line 4 | line 5 | line 6 | line 7 | RuntimeError: the raylet could not reach the GCS")
+    assert "line 3" not in restarting, "the last 5 lines only"
+    assert restarting.count("exited") == 1
+    await world.background_settled()
+
+
+async def test_a_pending_head_that_exited_fails_the_rollout_at_once_with_its_last_log_lines(world: PoolWorld) -> None:
+    pending = await _running_pending(world)
+    head = pending.nodes[0]
+    del world.fleet.running[head.temp_dir]  # its host answered: the head exited (known, not silent)
+    world.fleet.logs[head.temp_dir] = "x" * 2000 + "\nfatal: port 6379 already in use"
+    world.pools._liveness.clear()
+    await world.tick()
+    reason = world.service().failure_reason or ""
+    assert reason.startswith("HeadDied") and reason.endswith("fatal: port 6379 already in use"), reason
+    assert len(reason) < 800, "the log's tail, bounded"
+    [failed] = [e.message for e in world.events() if e.reason == "RolloutFailed"]
+    assert "fatal: port 6379 already in use" in failed
+    await world.background_settled()
+
+
+async def test_no_env_value_of_the_cluster_reaches_the_event_from_a_nodes_log(world: PoolWorld) -> None:
+    group = {"name": "w", "numCpus": 2, "env": {"API_KEY": "s3cr3t-value-42", "DEBUG": "1"}}
+    world.apply(make_spec(rayClusterConfig={"hostPool": "fleet", "head": {"numCpus": 2}, "workerGroups": [group]}))
+    await world.tick()
+    await world.background_settled()
+    worker = world.only(ClusterRole.PENDING).nodes[1]
+    del world.fleet.running[worker.temp_dir]
+    world.fleet.logs[worker.temp_dir] = "DEBUG=1\nauth failed with key s3cr3t-value-42\n"
+    world.pools._liveness.clear()
+    await world.tick()
+    [restarting] = [e.message for e in world.events() if e.reason == "WorkerRestarting"]
+    assert restarting.endswith("DEBUG=1 | auth failed with key ***"), restarting
+    assert all("s3cr3t" not in e.message for e in world.events())
+    await world.background_settled()

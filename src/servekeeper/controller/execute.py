@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +20,12 @@ from servekeeper.controller.probes import ProbeRunner
 from servekeeper.controller.submit import ConfigSubmissions, StopTick, TickOutcome
 from servekeeper.core import actions as act
 from servekeeper.core.hooks import Hooks
+from servekeeper.core.planner import MAX_WORKER_RESTARTS
 from servekeeper.core.serve_config import package_hash_of
 from servekeeper.dataplane import Backend, DataPlaneError, ServiceRoute
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
-from servekeeper.model.records import ClusterPorts, ClusterRecord, Event, ServiceRecord
+from servekeeper.model.records import ClusterPorts, ClusterRecord, Event, NodePlacement, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
 from servekeeper.providers.base import ClusterProvider, ProviderError
 from servekeeper.rayapi.serve_api import ServeClient
@@ -31,6 +34,10 @@ from servekeeper.store.store import Store
 logger = logging.getLogger(__name__)
 
 UNPLACED = ClusterPorts(0, 0, 0, 0, 0, ())  # a draft's ports: the provider places the cluster
+# A node start that failed on a serving cluster is tried again after a pause that doubles from
+# the first to the last (not every tick: one event per try, so history is not pushed out).
+START_RETRY_FIRST_SECONDS = 5.0
+START_RETRY_MAX_SECONDS = 300.0
 
 
 class Executor:
@@ -64,6 +71,8 @@ class Executor:
         self.shortfalls: dict[str, str] = {}  # service -> why its next cluster cannot be placed now
         self.unacknowledged_routes: set[str] = set()  # services whose last route push failed
         self.background: dict[str, asyncio.Task[None]] = {}  # cluster name -> its start or stop task
+        # cluster -> (node starts failed in a row, when the next try may run; inf: none left)
+        self.start_retries: dict[str, tuple[int, float]] = {}
         self.submissions = ConfigSubmissions(store, provider, serve, documents, packages, clock, hooks, metrics)
 
     async def execute(self, action: act.Action, service: ServiceRecord, spec: ServiceSpec, tick: TickOutcome) -> None:
@@ -71,6 +80,8 @@ class Executor:
             await self._create_cluster(service, spec, action.role)
         elif isinstance(action, act.StartCluster):
             cluster = self.store.get_cluster(action.cluster)
+            if cluster is not None:
+                cluster = self._retry_due(cluster)
             if cluster is not None:
                 self._start_cluster(cluster)
         elif isinstance(action, act.RestartWorkers):
@@ -166,19 +177,50 @@ class Executor:
 
         try:
             await self.provider.start_nodes(cluster, config, record)
+            self.start_retries.pop(cluster.name, None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, exc)
             current = self.store.get_cluster(cluster.name)
             if current is not None and current.role != ClusterRole.PENDING:
                 # A node of a serving cluster started again: the cluster stays (one node short,
-                # unhealthy, replaced after the threshold); the next tick tries the start again.
-                event = Event(cluster.service, self.clock(), "Warning", "NodeStartFailed", f"{cluster.name}: {exc}")
+                # unhealthy, replaced after the threshold); the start is tried again after a pause.
+                message = f"{cluster.name}: {exc}; {self._start_failed(cluster)}"
+                logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, message)
+                event = Event(cluster.service, self.clock(), "Warning", "NodeStartFailed", message)
                 self.store.add_events([event])
                 return
+            logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, exc)
             with contextlib.suppress(KeyError):  # whatever stops a start fails that cluster's rollout
                 self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
+
+    def _start_failed(self, cluster: ClusterRecord) -> str:
+        """Schedule the next try of a node start that failed; what the event says of it. Each
+        try counts as a restart of the nodes still down (`_retry_due`): one budget per node,
+        MAX_WORKER_RESTARTS over its cluster's life whatever the cause, kept in the record
+        across controller restarts; spent, the node stays down and the cluster's health says so."""
+        current = self.store.get_cluster(cluster.name) or cluster
+        tries = max((node.restarts for node in _down(current)), default=0)
+        failures = self.start_retries.get(cluster.name, (0, 0.0))[0] + 1
+        if tries >= MAX_WORKER_RESTARTS:
+            self.start_retries[cluster.name] = (failures, math.inf)
+            return f"no tries left (restart {tries} of at most {MAX_WORKER_RESTARTS}): the node stays down"
+        # (the exponent capped: a count without a restart budget, a local cluster's, keeps growing)
+        delay = min(START_RETRY_FIRST_SECONDS * 2 ** min(failures - 1, 16), START_RETRY_MAX_SECONDS)
+        self.start_retries[cluster.name] = (failures, self.clock() + delay)
+        return f"trying again in {delay:g}s (restart {tries} of at most {MAX_WORKER_RESTARTS})"
+
+    def _retry_due(self, cluster: ClusterRecord) -> ClusterRecord | None:
+        """The cluster to start, or None while its failed start waits for its next try; a try
+        that is due counts as a restart of each node still down."""
+        retry = self.start_retries.get(cluster.name)
+        if retry is None:
+            return cluster
+        if cluster.name in self.background or self.clock() < retry[1]:
+            return None
+        down = _down(cluster)
+        nodes = tuple(replace(node, restarts=node.restarts + 1) if node in down else node for node in cluster.nodes)
+        return self.store.update_cluster(cluster.name, nodes=nodes)
 
     def _restart_workers(self, action: act.RestartWorkers) -> None:
         """Clear the exited nodes' pids in the record as stored now (a start beside the ticks may
@@ -297,6 +339,7 @@ class Executor:
             )
             return
         self.store.remove_cluster(cluster.name)
+        self.start_retries.pop(cluster.name, None)
         self.probes.forget(cluster.name)
         self.documents.forget(cluster.name)
         self.store.add_events(
@@ -310,3 +353,8 @@ class Executor:
                 self.store.update_cluster(cluster.name, **changes)
 
         return list(await self.provider.stop(cluster, record))
+
+
+def _down(cluster: ClusterRecord) -> list[NodePlacement]:
+    """The worker nodes of a cluster on a pool not running (their start failed, or is due)."""
+    return [node for node in cluster.nodes[1:] if node.pid is None and not node.stopped]

@@ -90,6 +90,7 @@ class Controller:
             packages,
             self.executor.shortfalls,
             self.executor.unacknowledged_routes,
+            clock,
         )
         self.observations: dict[str, Observation] = {}
         self._service_tasks: dict[str, asyncio.Task[None]] = {}

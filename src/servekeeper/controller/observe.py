@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -92,6 +94,7 @@ class Observer:
         packages: Packages,
         shortfalls: dict[str, str],
         unacknowledged_routes: set[str],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.provider = provider
         self.dataplane = dataplane
@@ -101,10 +104,16 @@ class Observer:
         self.packages = packages
         self.shortfalls = shortfalls  # service -> why its next cluster cannot be placed now
         self.unacknowledged_routes = unacknowledged_routes  # services whose last route push failed
+        self.clock = clock
+        # service -> (cluster, "head" or "workers") -> since when that host (a worker's: any) has
+        # not answered, on every look since (in memory: after a restart the wait starts again,
+        # which only makes it longer)
+        self.silent_hosts: dict[str, dict[tuple[str, str], float]] = {}
 
     async def observe(self, service: ServiceRecord, clusters: list[ClusterRecord], spec: ServiceSpec) -> Observation:
         live = [c for c in clusters if c.role != ClusterRole.DELETING]
-        observed = await asyncio.gather(*(self._observe_cluster(c, service, spec) for c in live))
+        looks = await asyncio.gather(*(self._observe_cluster(c, service, spec) for c in live))
+        observed = self._with_silence(service.name, looks)
         route: IngressRouteObservation | None = None
         ingress_ok = True
         counters: dict[str, BackendCounters] | None = None
@@ -138,13 +147,43 @@ class Observer:
             placement_problem=self.shortfalls.get(service.name),
         )
 
+    def _with_silence(self, service: str, observed: list[ClusterObservation]) -> list[ClusterObservation]:
+        """Each look at a silent host carries since when it has been silent, so that the planner
+        waits a threshold before it counts its node as lost."""
+        before = self.silent_hosts.pop(service, {})
+        now = self.clock()
+        since: dict[tuple[str, str], float] = {}
+
+        def began(look: ClusterObservation, which: str, marked: float | None) -> float | None:
+            if marked is None:
+                return None
+            since[(look.name, which)] = before.get((look.name, which), now)
+            return since[(look.name, which)]
+
+        looks = [
+            replace(
+                look,
+                head_silent_since=began(look, "head", look.head_silent_since),
+                workers_silent_since=began(look, "workers", look.workers_silent_since),
+            )
+            for look in observed
+        ]
+        if since:
+            self.silent_hosts[service] = since
+        return looks
+
     async def _observe_cluster(
         self, cluster: ClusterRecord, service: ServiceRecord, spec: ServiceSpec
     ) -> ClusterObservation:
+        liveness = await self.provider.liveness(cluster)
         # exited: of the dead workers, those known gone (restartable in place)
-        alive, dead_workers, reason, exited = await self.provider.liveness(cluster)
+        alive, dead_workers, reason, exited = liveness[:4]
         if not alive:
-            return ClusterObservation(name=cluster.name, processes_alive=False, error=reason)
+            # A silent host is marked here; `_with_silence` puts the time its silence began.
+            silent_since = self.clock() if liveness.head_silent else None
+            return ClusterObservation(
+                name=cluster.name, processes_alive=False, head_silent_since=silent_since, error=reason
+            )
         if cluster.role == ClusterRole.ACTIVE and not dead_workers:
             # A serving cluster's worker being started again (or whose start failed) is missing:
             # unhealthy until it runs, so a worker that keeps dying cannot look healthy between tries.
@@ -162,6 +201,9 @@ class Observer:
                 processes_alive=True,
                 dead_workers=len(dead_workers),
                 exited_workers=exited,
+                exit_causes=dict(liveness.exit_causes),
+                silent_workers=len(liveness.silent_workers),
+                workers_silent_since=self.clock() if liveness.silent_workers else None,
                 error=reason,
             )
         auth = headers_kwargs(self.provider, cluster)  # only now: a cluster that never started may have no token

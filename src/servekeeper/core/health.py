@@ -75,6 +75,8 @@ def health(
 ) -> Verdict:
     if not observation.processes_alive:
         detail = f": {observation.error}" if observation.error else ""
+        if observation.head_silent_since is not None:  # unknown, not dead: it may still run
+            return Verdict(False, "HeadUnreachable", f"the head's host does not answer{detail}")
         return Verdict(False, "HeadDead", f"the cluster's head processes are not running{detail}")
     if observation.dead_workers:
         return Verdict(False, "WorkerDied", observation.error or f"{observation.dead_workers} worker node(s) exited")

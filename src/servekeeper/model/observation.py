@@ -78,6 +78,14 @@ class ClusterObservation:
     # Of those, the worker nodes (by pid) whose process is gone for sure: their host answered.
     # They can be started again where they were; a silent host's node may still run there.
     exited_workers: tuple[int, ...] = ()
+    exit_causes: dict[int, str] = field(default_factory=dict)  # exited worker pid -> its log's last lines
+    # processes_alive is False because the head's host has not answered since then (on every
+    # look): unknown, not dead. The head may still run; only a host that answers says it exited.
+    head_silent_since: float | None = None
+    # Of the dead workers, those on hosts that did not answer (unknown, not dead), and since when
+    # such a host has been silent, on every look since.
+    silent_workers: int = 0
+    workers_silent_since: float | None = None
     error: str | None = None
     # Which of the configs servekeeper submitted Ray runs now, judged from deployed_app_config.
     deployed_config_hash: str | None = None

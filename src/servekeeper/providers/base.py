@@ -35,6 +35,12 @@ class Liveness(NamedTuple):
     dead_workers: list[int]
     reason: str | None
     exited_workers: tuple[int, ...] = ()  # of the dead: known to have exited, so restartable in place
+    # head_alive is False because the head's host did not answer: the head may still run there.
+    # Only a head whose host answered "not running" has exited for sure.
+    head_silent: bool = False
+    silent_workers: tuple[int, ...] = ()  # of the dead: on hosts that did not answer (may still run)
+    # (pid, the last lines of its log) of the exited workers: why, for the event that restarts it
+    exit_causes: tuple[tuple[int, str], ...] = ()
 
 
 # Records at once what a start or stop learned of one cluster: `record(**changes)`, the

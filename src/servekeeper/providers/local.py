@@ -28,6 +28,7 @@ from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, 
 from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import ClusterRecords, Liveness, PermanentProviderError, ProviderError, RecordChanges
+from servekeeper.providers.node_log import TAIL_BYTES, env_values, last_lines
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.ray_start import node_port_args, param_args, resource_args
 from servekeeper.providers.remote.node_agent import open_log, private_dir
@@ -260,17 +261,16 @@ class LocalProvider:
         return pid in self._children or _is_our_node(pid, temp_dir)
 
     def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str:
-        """The last error `ray start` logged, for a node that exited: the cause users need."""
+        """The last lines `ray start` logged, for a node that exited: the cause users need."""
         log_name = "head.log"
         if worker_pid is not None and worker_pid in cluster.worker_pids:
             log_name = _worker_log_names(cluster)[cluster.worker_pids.index(worker_pid)]
         try:
-            lines = (Path(cluster.log_dir) / log_name).read_text(errors="replace").splitlines()
+            with open(Path(cluster.log_dir) / log_name, "rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - TAIL_BYTES))
+                return last_lines(log.read().decode(errors="replace"), hide=env_values(cluster.cluster_spec_json))
         except OSError:
             return "no log"
-        meaningful = [line.strip() for line in lines if line.strip()]
-        errors = [line for line in meaningful if "Error" in line or "error" in line or "PANIC" in line]
-        return (errors or meaningful or ["empty log"])[-1][-400:]
 
     def leftover_pids(self, cluster: ClusterRecord) -> list[int]:
         sessions = _our_sessions(cluster)

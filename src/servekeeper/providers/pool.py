@@ -40,6 +40,7 @@ from servekeeper.providers.cluster_token import (
     token_file,
 )
 from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
+from servekeeper.providers.pool_liveness import look
 from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, host_rooms, place_cluster
 from servekeeper.providers.ray_start import group_args
 from servekeeper.providers.ssh import HostConnection, SshError
@@ -49,9 +50,6 @@ from servekeeper.store.store import Store
 logger = logging.getLogger(__name__)
 
 LIVENESS_CACHE_SECONDS = 2.0  # an SSH round trip per node per look is too much at 4 looks a second
-# A look at a node never holds a tick longer than this: a host cut off the network does not
-# refuse, it stays silent, and SSH would wait for its own timeouts and retries.
-LIVENESS_TIMEOUT_SECONDS = 4.0
 T = TypeVar("T")
 
 
@@ -270,7 +268,8 @@ class PoolClusters:
         """Whether the head lives, which workers do not (and of those, which exited on a host
         that answered: they can be started again there), and why, like the local provider's
         checks; read at most every LIVENESS_CACHE_SECONDS. A host that does not answer counts as
-        a dead node, never as an exited one (its node may still run there)."""
+        a dead node, never as an exited one (its node may still run there): a silent head's
+        host is `head_silent`, unknown rather than dead (`pool_liveness.py`)."""
         cached = self._liveness.get(cluster.name)
         now = time.monotonic()
         pids = tuple(node.pid for node in cluster.nodes)
@@ -279,40 +278,9 @@ class PoolClusters:
         assert cluster.pool is not None
         try:
             ssh = self.ssh(cluster.pool)
-        except Shortfall as exc:  # the pool was deleted under it: nothing can be looked at
-            return Liveness(False, [], str(exc))
-        if not cluster.nodes:  # failed at placement: nothing was ever started
-            return Liveness(False, [], None)
-        started = [node for node in cluster.nodes if node.pid is not None]
-
-        async def alive(node: NodePlacement) -> tuple[bool, str, bool]:
-            """(running, why not, exited for sure)"""
-            try:
-                running = await asyncio.wait_for(ssh.alive(remote_node(node)), LIVENESS_TIMEOUT_SECONDS)
-                return running, f"exited on host {node.host}", not running
-            except asyncio.TimeoutError:
-                return False, f"host {node.host} did not answer within {LIVENESS_TIMEOUT_SECONDS:g}s", False
-            except (NodeUnreachable, SshError, ProviderError) as exc:  # ProviderError: host gone from the pool
-                return False, f"host {node.host} unreachable: {exc}", False
-
-        answers = await asyncio.gather(*(alive(node) for node in started))
-        result: Liveness
-        head = cluster.nodes[0]
-        if head.pid is None:
-            result = Liveness(False, [], None)
-        elif not answers[0][0]:
-            result = Liveness(False, [], f"head node {answers[0][1]}")
-        else:
-            dead = [
-                (node, why, exited) for node, (ok, why, exited) in zip(started[1:], answers[1:], strict=True) if not ok
-            ]
-            reason = f"worker node pid {dead[0][0].pid} {dead[0][1]}" if dead else None
-            result = Liveness(
-                True,
-                [node.pid for node, _, _ in dead if node.pid is not None],
-                reason,
-                tuple(node.pid for node, _, exited in dead if exited and node.pid is not None),
-            )
+        except Shortfall as exc:  # the pool was deleted under it: nothing can be looked at (unknown)
+            return Liveness(False, [], str(exc), head_silent=True)
+        result = await look(ssh, cluster)
         self._liveness[cluster.name] = (pids, now, result)
         return result
 

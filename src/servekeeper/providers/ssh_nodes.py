@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ from servekeeper.model.hostpool import HostSpec
 from servekeeper.model.records import NodePorts
 from servekeeper.providers.base import ProviderError
 from servekeeper.providers.node_argv import RemoteNode, cluster_dir
+from servekeeper.providers.node_log import TAIL_BYTES, last_lines
 from servekeeper.providers.ports import PORT_HIGH, PORT_LOW, WORKER_PORTS_PER_NODE
 from servekeeper.providers.remote import node_agent_source
 from servekeeper.providers.ssh import HostConnection, HostUnreachable, SshError, with_retries
@@ -220,6 +221,17 @@ class SshNodes:
                 raise NodeUnreachable(exc.host, f"cannot tell whether pid {node.pid} lives: {exc}") from exc
             raise
         return bool(answer["alive"])
+
+    async def last_lines(self, node: RemoteNode, hide: Collection[str] = ()) -> str:
+        """The last lines of the node's log (why it exited), bounded, `hide` blanked out
+        (`node_log.last_lines`). Raises NodeUnreachable if its host does not answer."""
+        try:
+            answer = await self._call(node.host, "tail", {"log": node.log_path, "bytes": TAIL_BYTES})
+        except SshError as exc:
+            if exc.retryable:
+                raise NodeUnreachable(exc.host, f"cannot read the log of pid {node.pid}: {exc}") from exc
+            raise
+        return last_lines(answer["tail"], hide=hide) if answer["tail"] else f"no log ({answer.get('error', 'empty')})"
 
     async def stop(self, node: RemoteNode) -> list[int]:
         """TERM the node's session, wait, KILL what is left (stragglers found by the node's tag

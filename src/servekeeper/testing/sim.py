@@ -52,6 +52,7 @@ class SimCluster:
     exited_workers: tuple[int, ...] = ()  # worker nodes (pids) whose process exited, until started again
     silent_workers: int = 0  # worker nodes on hosts that do not answer (dead, maybe still running)
     workers_keep_exiting: bool = False  # a restarted worker exits again at once
+    head_silent: bool = False  # the head's host does not answer (unknown: the head may still run)
 
 
 @dataclass
@@ -79,6 +80,8 @@ class SimWorld:
         # The ingress's per-backend counters (None: unreadable); grown by `serve_traffic`.
         self.counters: dict[str, BackendCounters] | None = {}
         self.ingress_epoch = "1"
+        # (cluster, "head" or "workers") -> since when that host (a worker's: any) is silent
+        self.silent_since: dict[tuple[str, str], float] = {}
 
     # -- inputs --------------------------------------------------------------------------
 
@@ -123,12 +126,24 @@ class SimWorld:
         behaviour = self.sim[cluster.name]
         if behaviour.started_at is None or not behaviour.head_alive:
             return ClusterObservation(name=cluster.name, processes_alive=False)
+        if behaviour.head_silent:  # as the controller reports it: since when, on every look since
+            since = self.silent_since.setdefault((cluster.name, "head"), self.now)
+            error = "head node host h0 did not answer within 4s"
+            return ClusterObservation(name=cluster.name, processes_alive=False, head_silent_since=since, error=error)
+        self.silent_since.pop((cluster.name, "head"), None)
+        workers_silent_since = None
+        if behaviour.silent_workers:
+            workers_silent_since = self.silent_since.setdefault((cluster.name, "workers"), self.now)
+        else:
+            self.silent_since.pop((cluster.name, "workers"), None)
         if behaviour.exited_workers or behaviour.silent_workers:
             return ClusterObservation(
                 name=cluster.name,
                 processes_alive=True,
                 dead_workers=len(behaviour.exited_workers) + behaviour.silent_workers,
                 exited_workers=behaviour.exited_workers,
+                silent_workers=behaviour.silent_workers,
+                workers_silent_since=workers_silent_since,
                 error="a worker node exited" if behaviour.exited_workers else "a worker's host is silent",
             )
         if self.now - behaviour.started_at < behaviour.head_start_s:

@@ -134,14 +134,15 @@ def _carry_out(
 
 
 def stable_lost(ctx: PlanContext, active: ClusterRecord) -> bool:
-    """The stable cluster's head died, or it has been unhealthy past the threshold: a canary
-    beside it must not wait on it."""
+    """The stable cluster's head exited (its host said so), or it has been unhealthy past the
+    threshold: a canary beside it must not wait on it. A head whose host is silent is unknown,
+    not lost: one SSH hiccup must not hand all traffic to a canary still being checked."""
     observed = ctx.observed(active)
     verdict = health(observed, ctx.declared, ctx.all_apps)
     track_health(ctx, verdict)
     if verdict.ok:
         return False
-    if active.head_pid is not None and not observed.processes_alive:
+    if active.head_pid is not None and not observed.processes_alive and observed.head_silent_since is None:
         return True
     since = ctx.plan.service.unhealthy_since
     return since is not None and ctx.now - since >= ctx.spec.spec.serviceUnhealthySecondThreshold

@@ -72,10 +72,22 @@ def pending_failure(ctx: PlanContext, pending: ClusterRecord, observed: ClusterO
         return ctx.plan.service.failure_reason or "RolloutFailed"
     if pending.head_pid is not None and not observed.processes_alive:
         cause = f": {observed.error}" if observed.error else ""
-        return f"HeadDied: the head of pending cluster {pending.name} exited before it was ready{cause}"
-    # One on a silent host may not come back; one that keeps exiting will not.
-    if observed.dead_workers > len(restartable(pending, observed.exited_workers)):
+        silent_since = observed.head_silent_since
+        if silent_since is None:  # its host answered: the head exited
+            return f"HeadDied: the head of pending cluster {pending.name} exited before it was ready{cause}"
+        # Its host is silent: the head may still run. Lost only once silent past the threshold.
+        silent_for = ctx.now - silent_since
+        if silent_for >= ctx.spec.spec.serviceUnhealthySecondThreshold:
+            return f"HeadUnreachable: the head of pending cluster {pending.name} unknown for {silent_for:g}s{cause}"
+    # One that keeps exiting will not come back; one on a silent host may still run: it is lost
+    # only once its host stays silent past the threshold.
+    if observed.dead_workers - observed.silent_workers > len(restartable(pending, observed.exited_workers)):
         return f"WorkerDied: pending cluster {pending.name}: {observed.error}"
+    workers_silent_since = observed.workers_silent_since
+    if observed.silent_workers and workers_silent_since is not None:
+        silent_for = ctx.now - workers_silent_since
+        if silent_for >= ctx.spec.spec.serviceUnhealthySecondThreshold:
+            return f"WorkerUnreachable: pending cluster {pending.name}, unknown for {silent_for:g}s: {observed.error}"
     if pending.applied_config_hash == ctx.desired_config_hash and observed.apps is not None:
         for name, app in sorted(ctx.judged_apps(observed).items()):
             if app.status in FAILED_APP_STATUSES:

@@ -49,11 +49,14 @@ def restart_workers(ctx: PlanContext, cluster: ClusterRecord, exited: tuple[int,
     if not gone:
         return cluster
     ctx.do(RestartWorkers(cluster.name, tuple(node.pid for node in gone if node.pid is not None)))
+    causes = ctx.observed(cluster).exit_causes
     for node in gone:
+        # The node's last log lines: why it exited, so that an operator need not go to the host.
+        cause = f": {causes[node.pid]}" if node.pid in causes else ""
         ctx.event(
             "WorkerRestarting",
             f"worker node pid {node.pid} of {cluster.name} on host {node.host} exited; starting it again "
-            f"there (restart {node.restarts + 1} of at most {MAX_WORKER_RESTARTS})",
+            f"there (restart {node.restarts + 1} of at most {MAX_WORKER_RESTARTS}){cause}",
             warning=True,
         )
     pids = {node.pid for node in gone}

@@ -2,7 +2,7 @@
 
 servekeeper sends this file as text and runs it with the host's python (`python -c <source>
 COMMAND`): the request is JSON on stdin, the answer one JSON line on stdout. Commands: prepare,
-launch, alive, stop, forget, ports, free. It must run on a bare host Python (3.10 or newer)
+launch, alive, tail, stop, forget, ports, free. It must run on a bare host Python (3.10 or newer)
 with the standard library only, and it reads Linux's /proc itself: no psutil, no servekeeper.
 
 A node is found again by its session (the `ray start` launched here leads one of its own) and
@@ -211,6 +211,19 @@ def alive(request: Request) -> Answer:
     }
 
 
+def tail(request: Request) -> Answer:
+    """The end of a node's log (what it said before it exited): its last `bytes` bytes, never
+    through a symlink."""
+    try:
+        descriptor = os.open(request["log"], os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        return {"tail": "", "error": f"{request['log']}: {exc.strerror}"}
+    with os.fdopen(descriptor, "rb") as log:
+        size = log.seek(0, os.SEEK_END)
+        log.seek(max(0, size - int(request["bytes"])))
+        return {"tail": log.read().decode(errors="replace")}
+
+
 def stop(request: Request) -> Answer:
     """TERM the node's session (or its tagged processes), wait, KILL what is left, and verify;
     the pids that survived. The node's temp dir goes once nothing is left (its log stays)."""
@@ -268,6 +281,7 @@ COMMANDS: dict[str, Callable[[Request], Answer]] = {
     "prepare": prepare,
     "launch": launch,
     "alive": alive,
+    "tail": tail,
     "stop": stop,
     "forget": forget,
     "ports": ports,
