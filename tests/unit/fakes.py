@@ -116,9 +116,6 @@ class FakeProvider:
             self.alive[cluster.name] = False
         return left
 
-    def leftover_pids(self, cluster: ClusterRecord) -> list[int]:
-        return list(self.leftovers.get(cluster.name, []))
-
     def release_workers(self) -> None:
         if self.workers_gate is not None:
             self.workers_gate.set()

@@ -14,8 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from servekeeper.controller.documents import Packages, SubmittedDocuments
 from servekeeper.controller.metrics import ControllerMetrics
-from servekeeper.controller.observe import DataPlanePort, Packages, SubmittedDocuments
+from servekeeper.controller.observe import DataPlanePort
 from servekeeper.controller.probes import ProbeRunner
 from servekeeper.controller.submit import ConfigSubmissions, StopTick, TickOutcome
 from servekeeper.core import actions as act

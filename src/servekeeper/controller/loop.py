@@ -17,9 +17,10 @@ from typing import Any
 
 import aiohttp
 
+from servekeeper.controller.documents import Packages, SubmittedDocuments
 from servekeeper.controller.execute import Executor
 from servekeeper.controller.metrics import ControllerMetrics
-from servekeeper.controller.observe import DataPlanePort, Observer, Packages, SubmittedDocuments
+from servekeeper.controller.observe import DataPlanePort, Observer
 from servekeeper.controller.probes import ProbeRunner
 from servekeeper.controller.submit import StopTick, TickOutcome
 from servekeeper.core import actions as act

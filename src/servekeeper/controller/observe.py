@@ -1,6 +1,6 @@
 """Observe: what one tick sees of a service's clusters (through the provider and Ray's Serve
 API) and of its ingress route (through the data plane), as one `Observation` for the planner.
-Reads only; nothing here changes the world."""
+Reads only; nothing here changes the world (what was sent is kept in documents.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Protocol
 
+from servekeeper.controller.documents import Packages, SubmittedDocuments
 from servekeeper.controller.probes import ProbeRunner
 from servekeeper.core.serve_config import build_serve_config, config_deployed, desired_config_hash
 from servekeeper.dataplane import BackendStats, DataPlaneError, RouteObservation, ServiceRoute
@@ -20,9 +20,7 @@ from servekeeper.model.observation import BackendCounters, ClusterObservation, I
 from servekeeper.model.records import ClusterRecord, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
 from servekeeper.providers.base import ClusterProvider, headers_kwargs
-from servekeeper.rayapi.package import Package
 from servekeeper.rayapi.serve_api import PermanentServeError, RetryableServeError, ServeClient
-from servekeeper.store.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -39,48 +37,6 @@ class DataPlanePort(Protocol):
     def desired_route(self, service: str) -> ServiceRoute | None: ...
 
     async def backend_stats(self) -> dict[str, BackendStats]: ...
-
-
-class SubmittedDocuments:
-    """The Serve configs sent to each cluster, by config hash: kept in the store, cached here."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.cache: dict[tuple[str, str], dict[str, Any]] = {}  # (cluster, config hash) -> what was PUT
-
-    def get(self, cluster: str, config_hash: str) -> dict[str, Any] | None:
-        key = (cluster, config_hash)
-        if key not in self.cache:
-            document = self.store.submitted_document(cluster, config_hash)
-            if document is None:
-                return None
-            self.cache[key] = document
-        return self.cache[key]
-
-    def put(self, cluster: str, config_hash: str, document: dict[str, Any]) -> None:
-        self.cache[(cluster, config_hash)] = document
-
-    def forget(self, cluster: str) -> None:
-        for key in [key for key in self.cache if key[0] == cluster]:
-            del self.cache[key]
-
-
-class Packages:
-    """The code packages uploaded with `servekeeper apply`, by hash, in the state dir."""
-
-    def __init__(self, packages_dir: Path) -> None:
-        self.packages_dir = packages_dir
-
-    def of(self, service: ServiceRecord) -> Package | None:
-        return self.by_hash(service.package_hash) if service.package_hash is not None else None
-
-    def by_hash(self, package_hash: str) -> Package:
-        path = self.packages_dir / f"{package_hash}.zip"
-        return Package(hash=package_hash, path=path, size=path.stat().st_size if path.exists() else 0)
-
-    def uri(self, service: ServiceRecord) -> str | None:
-        package = self.of(service)
-        return package.uri if package else None
 
 
 class Observer:

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from servekeeper.controller.documents import Packages, SubmittedDocuments
 from servekeeper.controller.metrics import ControllerMetrics
-from servekeeper.controller.observe import Packages, SubmittedDocuments
 from servekeeper.core import actions as act
 from servekeeper.core.hooks import Hooks
 from servekeeper.core.serve_config import build_serve_config, package_hash_of

@@ -272,12 +272,6 @@ class LocalProvider:
         except OSError:
             return "no log"
 
-    def leftover_pids(self, cluster: ClusterRecord) -> list[int]:
-        sessions = _our_sessions(cluster)
-        pids = {process.pid for process in session_members(sessions)}
-        pids.update(process.pid for process in tagged_processes(cluster.log_dir))
-        return sorted(pids)
-
     async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> list[int]:
         sessions = await asyncio.to_thread(_our_sessions, cluster)
         for session in sessions:
