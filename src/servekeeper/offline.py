@@ -10,7 +10,7 @@ from servekeeper.dataplane import DataPlane
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import ClusterProvider, ProviderError
 from servekeeper.providers.local import LocalProvider
-from servekeeper.providers.pool import PoolClusters
+from servekeeper.providers.pool import PoolProvider
 from servekeeper.providers.router import ProviderRouter
 from servekeeper.store.store import Store
 
@@ -30,7 +30,7 @@ async def stop_everything_offline(state_dir: Path) -> OfflineStop:
     store = Store(state_dir / "store.db")
     try:
         # The same providers as the daemon's: a cluster on a host pool is stopped on its hosts too.
-        provider = ProviderRouter(LocalProvider(), PoolClusters(store, state_dir))
+        provider = ProviderRouter(LocalProvider(), PoolProvider(store, state_dir))
         try:
             # All at once: a silent host costs its timeouts once, not once per cluster.
             clusters = store.list_clusters()

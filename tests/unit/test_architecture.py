@@ -1,5 +1,6 @@
-"""The house's rules that import-linter cannot state: no import circle between any two modules, and
-no module importing another module's private (`_name`) definitions."""
+"""The house's rules that import-linter cannot state: no import circle between any two modules, no
+module importing another module's private (`_name`) definitions, no private attribute of another
+object used (only `self`, `cls`, or another instance of the same class)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,52 @@ def private_imports(path: Path, root: Path = SOURCE.parent) -> list[str]:
 def test_no_private_name_imported_across_modules() -> None:
     found = [line for path in sorted(SOURCE.rglob("*.py")) for line in private_imports(path)]
     assert found == [], "private names imported from another module:\n" + "\n".join(found)
+
+
+def private_attribute_uses(path: Path, root: Path = SOURCE.parent) -> list[str]:
+    """`thing._name` where `thing` is not `self`, `cls`, or a parameter of the class's own type
+    (another instance of the same class may touch its privates): how `p._do` on another module's
+    class would show."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+
+    def visit(node: ast.AST, own: set[str], class_name: str | None) -> None:
+        if isinstance(node, ast.ClassDef):
+            class_name = node.name
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            own = {"self", "cls"}
+            for argument in node.args.args + node.args.kwonlyargs:
+                annotation = argument.annotation
+                name = annotation.id if isinstance(annotation, ast.Name) else getattr(annotation, "value", None)
+                if class_name is not None and name == class_name:
+                    own.add(argument.arg)
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if not (isinstance(node.value, ast.Name) and node.value.id in own):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, own, class_name)
+
+    visit(tree, {"self", "cls"}, None)
+    return found
+
+
+def test_no_private_attribute_of_another_object_is_used() -> None:
+    found = [line for path in sorted(SOURCE.rglob("*.py")) for line in private_attribute_uses(path)]
+    assert found == [], "private attributes of other objects used:\n" + "\n".join(found)
+
+
+def test_the_private_attribute_check_sees_one(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "class Planner:\n"
+        "    def _do(self) -> None: ...\n"
+        "    def adopt(self, old: Planner) -> None:\n"
+        "        old._do()\n"
+        "        self._do()\n"
+        "def step(p: Planner) -> None:\n"
+        "    p._do()\n"
+    )
+    assert private_attribute_uses(sample, root=tmp_path) == ["sample.py:7: p._do"]
 
 
 def test_the_private_import_check_sees_one(tmp_path: Path) -> None:

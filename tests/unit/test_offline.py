@@ -10,7 +10,7 @@ import pytest
 
 from servekeeper import offline
 from servekeeper.model.hostpool import parse_host_pool
-from servekeeper.providers.pool import PoolClusters
+from servekeeper.providers.pool import PoolProvider
 from servekeeper.store.store import Store
 from tests.unit.ssh_fakes import FakeFleet, pool_document
 from tests.unit.test_pool_clusters import draft, pool_spec
@@ -22,7 +22,7 @@ async def test_an_offline_down_stops_a_pool_cluster_on_its_hosts(
     store = Store(tmp_path / "store.db")
     store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4), ("b", 4))).to_json(), 1.0)
     fleet = FakeFleet()
-    pools = PoolClusters(store, tmp_path, ssh_nodes=fleet)
+    pools = PoolProvider(store, tmp_path, ssh_nodes=fleet)
     config = pool_spec(workers=1, cpus=4).spec.rayClusterConfig
     cluster = await pools.create(draft("c", config), config, store)
 
@@ -34,10 +34,10 @@ async def test_an_offline_down_stops_a_pool_cluster_on_its_hosts(
     store.close()
     assert sorted(fleet.running) == sorted(node.temp_dir for node in cluster.nodes)
 
-    def fleet_pools(store: Store, state_dir: Path) -> PoolClusters:
-        return PoolClusters(store, state_dir, ssh_nodes=fleet)
+    def fleet_pools(store: Store, state_dir: Path) -> PoolProvider:
+        return PoolProvider(store, state_dir, ssh_nodes=fleet)
 
-    monkeypatch.setattr(offline, "PoolClusters", fleet_pools)
+    monkeypatch.setattr(offline, "PoolProvider", fleet_pools)
     result = await offline.stop_everything_offline(tmp_path)
     assert (result.stopped, result.kept) == (1, [])
     assert fleet.running == {}  # both nodes stopped on their hosts
@@ -53,7 +53,7 @@ async def test_an_offline_down_keeps_a_cluster_whose_node_resists_and_stops_the_
     store = Store(tmp_path / "store.db")
     store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4), ("b", 4))).to_json(), 1.0)
     fleet = FakeFleet()
-    pools = PoolClusters(store, tmp_path, ssh_nodes=fleet)
+    pools = PoolProvider(store, tmp_path, ssh_nodes=fleet)
     config = pool_spec(workers=0, cpus=4).spec.rayClusterConfig
     resisting = await pools.create(draft("resisting", config), config, store)
     other = await pools.create(draft("other", config), config, store)
@@ -67,10 +67,10 @@ async def test_an_offline_down_keeps_a_cluster_whose_node_resists_and_stops_the_
     store.close()
     fleet.leftovers[resisting.nodes[0].temp_dir] = [4242]  # survives SIGKILL on its host
 
-    def fleet_pools(store: Store, state_dir: Path) -> PoolClusters:
-        return PoolClusters(store, state_dir, ssh_nodes=fleet)
+    def fleet_pools(store: Store, state_dir: Path) -> PoolProvider:
+        return PoolProvider(store, state_dir, ssh_nodes=fleet)
 
-    monkeypatch.setattr(offline, "PoolClusters", fleet_pools)
+    monkeypatch.setattr(offline, "PoolProvider", fleet_pools)
     result = await offline.stop_everything_offline(tmp_path)
     assert result.stopped == 1 and len(result.kept) == 1
     assert result.kept[0].startswith("resisting: still running after the stop: ") and "4242" in result.kept[0]

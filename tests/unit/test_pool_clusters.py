@@ -1,4 +1,4 @@
-"""Clusters on a host pool, tick by tick: the real `Controller` and `PoolClusters` on a real
+"""Clusters on a host pool, tick by tick: the real `Controller` and `PoolProvider` on a real
 SQLite store, the SSH side faked (tests/unit/ssh_fakes.py). What happens when a host refuses,
 when a delete comes during a launch, and what a partly stopped cluster still takes."""
 
@@ -21,7 +21,7 @@ from servekeeper.model.enums import ClusterRole
 from servekeeper.model.hostpool import parse_host_pool
 from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.cluster_token import read_cluster_token
-from servekeeper.providers.pool import PoolClusters
+from servekeeper.providers.pool import PoolProvider
 from servekeeper.providers.pool_placement import Shortfall
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.router import ProviderRouter
@@ -36,7 +36,7 @@ from tests.unit.test_ssh import PORTS
 
 class PoolWorld(World):
     fleet: FakeFleet
-    pools: PoolClusters
+    pools: PoolProvider
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ async def world(tmp_path: Path) -> AsyncIterator[PoolWorld]:
     session = aiohttp.ClientSession()
     provider, serve, dataplane, clock = FakeProvider(), FakeServe(), FakeDataPlane(), FakeClock()
     fleet = FakeFleet()
-    pools = PoolClusters(store, tmp_path, ssh_nodes=fleet)
+    pools = PoolProvider(store, tmp_path, ssh_nodes=fleet)
     controller = Controller(
         store,
         ProviderRouter(provider, pools),
@@ -187,7 +187,7 @@ def draft(name: str, config: RayClusterConfigSpec) -> ClusterRecord:
     )
 
 
-async def started(pools: PoolClusters, store: Store, name: str, config: RayClusterConfigSpec) -> ClusterRecord:
+async def started(pools: PoolProvider, store: Store, name: str, config: RayClusterConfigSpec) -> ClusterRecord:
     cluster = await pools.new_record(draft(name, config), config, store)
     pools.put_new(cluster, store)
 
@@ -201,7 +201,7 @@ async def started(pools: PoolClusters, store: Store, name: str, config: RayClust
 async def test_a_node_stopped_for_sure_frees_its_room_while_another_resists(tmp_path: Path, store: Store) -> None:
     store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4), ("b", 4))).to_json(), 1.0)
     fleet = FakeFleet()
-    pools = PoolClusters(store, tmp_path, ssh_nodes=fleet)
+    pools = PoolProvider(store, tmp_path, ssh_nodes=fleet)
     whole_pool = pool_spec(workers=1, cpus=4).spec.rayClusterConfig
     old = await started(pools, store, "old", whole_pool)
     head, worker = old.nodes
@@ -241,7 +241,7 @@ def test_a_node_stored_before_the_stopped_flag_reads_as_not_stopped() -> None:
 
 async def test_a_changed_pool_closes_the_connections_of_hosts_that_changed(tmp_path: Path, store: Store) -> None:
     store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4), ("b", 4))).to_json(), 1.0)
-    pools = PoolClusters(store, tmp_path)  # the real SshNodes, over fake asyncssh connections
+    pools = PoolProvider(store, tmp_path)  # the real SshNodes, over fake asyncssh connections
     before = pools.ssh("fleet")
     to_a, to_b = before.connection("a"), before.connection("b")
     open_a, open_b = FakeSshConnection(), FakeSshConnection()
@@ -271,7 +271,7 @@ async def test_the_token_is_saved_with_the_record_and_goes_if_storing_fails(
     tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4))).to_json(), 1.0)
-    pools = PoolClusters(store, tmp_path, ssh_nodes=FakeFleet())
+    pools = PoolProvider(store, tmp_path, ssh_nodes=FakeFleet())
     config = pool_spec(workers=0, cpus=1).spec.rayClusterConfig
     cluster = await pools.new_record(draft("c1", config), config, store)
     assert not (tmp_path / "tokens" / "c1.token").exists()  # placed, not stored: no token yet
@@ -345,7 +345,7 @@ def test_two_nodes_on_one_host_are_one_endpoint_of_the_ingress(tmp_path: Path, s
     )
     cluster = draft("c", pool_spec(workers=2).spec.rayClusterConfig)
     cluster = cluster.with_changes(pool="fleet", nodes=nodes, ports=ports)
-    endpoints = PoolClusters(store, tmp_path).endpoints(cluster, grpc=False)
+    endpoints = PoolProvider(store, tmp_path).endpoints(cluster, grpc=False)
     assert [(e.host, e.port) for e in endpoints] == [("10.0.0.11", ports.serve_http), ("10.0.0.12", ports.serve_http)]
 
 

@@ -19,7 +19,7 @@ from servekeeper.model.hostpool import HostSpec
 from servekeeper.model.records import NodePorts
 from servekeeper.providers.base import RetryableProviderError
 from servekeeper.providers.cluster_token import token_file
-from servekeeper.providers.pool import PoolClusters
+from servekeeper.providers.pool import PoolProvider
 from servekeeper.providers.pool_placement import PoolChanged
 from servekeeper.store.store import Store
 from tests.unit.ssh_fakes import FakeFleet, FakeSshNodes, pool_document
@@ -61,7 +61,7 @@ def store(store: Store) -> Store:
 
 async def test_a_pool_deleted_while_a_cluster_is_placed_leaves_no_cluster_on_it(tmp_path: Path, store: Store) -> None:
     fleet = HeldFleet()
-    pools = PoolClusters(store, tmp_path, ssh_nodes=fleet)
+    pools = PoolProvider(store, tmp_path, ssh_nodes=fleet)
     creating = asyncio.ensure_future(pools.create(draft("c", CONFIG), CONFIG, store))
     await fleet.allocating.wait()
     assert HostPoolCommands(store).delete("fleet") == {"name": "fleet", "deleted": True}  # nothing stored uses it
@@ -76,7 +76,7 @@ async def test_a_pool_deleted_while_a_cluster_is_placed_leaves_no_cluster_on_it(
 
 async def test_a_host_address_changed_while_a_cluster_is_placed_places_it_again(tmp_path: Path, store: Store) -> None:
     fleet = HeldFleet()
-    pools = PoolClusters(store, tmp_path, ssh_nodes=fleet)
+    pools = PoolProvider(store, tmp_path, ssh_nodes=fleet)
     creating = asyncio.ensure_future(pools.create(draft("c", CONFIG), CONFIG, store))
     await fleet.allocating.wait()
     moved = pool_document(("a", 4), ("b", 4))
@@ -95,7 +95,7 @@ async def test_a_host_address_changed_while_a_cluster_is_placed_places_it_again(
 
 async def test_a_pool_unchanged_meanwhile_is_placed_as_always(tmp_path: Path, store: Store) -> None:
     fleet = HeldFleet()
-    pools = PoolClusters(store, tmp_path, ssh_nodes=fleet)
+    pools = PoolProvider(store, tmp_path, ssh_nodes=fleet)
     creating = asyncio.ensure_future(pools.create(draft("c", CONFIG), CONFIG, store))
     await fleet.allocating.wait()
     HostPoolCommands(store).apply(pool_document(("a", 4), ("b", 4)))  # the same spec again: no change

@@ -25,7 +25,7 @@ from servekeeper.providers.base import (
     RetryableProviderError,
 )
 from servekeeper.providers.local import LocalProvider
-from servekeeper.providers.pool import PoolClusters
+from servekeeper.providers.pool import PoolProvider
 from servekeeper.providers.pool_placement import HostRefused, Shortfall
 from servekeeper.providers.router import ProviderRouter
 from servekeeper.providers.ssh import HostKeyRefused
@@ -178,7 +178,7 @@ async def test_errors_keep_their_kind_through_the_router(
 async def test_the_router_routes_to_the_fake_local_provider_and_the_real_pool_one(tmp_path: Path, store: Store) -> None:
     """The controller's wiring in tests, as in the daemon: both real protocol implementations."""
     store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4))).to_json(), 1.0)
-    pools = PoolClusters(store, tmp_path, ssh_nodes=FakeFleet())
+    pools = PoolProvider(store, tmp_path, ssh_nodes=FakeFleet())
     router = ProviderRouter(FakeProvider(), pools)
     here = await router.create(draft("here", LOCAL_CONFIG), LOCAL_CONFIG, store)
     there = await router.create(draft("there", POOL_CONFIG), POOL_CONFIG, store)
@@ -198,7 +198,7 @@ async def test_a_host_refusing_for_good_is_stored_failed_by_the_pool_provider(tm
     store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4))).to_json(), 1.0)
     fleet = FakeFleet()
     fleet.refuse["a"] = HostKeyRefused("a (10.0.0.11:22)", "its host key is not the one known")
-    pools = PoolClusters(store, tmp_path, ssh_nodes=fleet)
+    pools = PoolProvider(store, tmp_path, ssh_nodes=fleet)
     failed = await pools.create(draft("c", POOL_CONFIG), POOL_CONFIG, store)
     assert failed.failure_reason is not None and failed.failure_reason.startswith("StartFailed: ")
     assert "a (10.0.0.11:22)" in failed.failure_reason and failed.nodes == () and failed.pool == "fleet"
@@ -208,7 +208,7 @@ async def test_a_host_refusing_for_good_is_stored_failed_by_the_pool_provider(tm
 
 async def test_a_pool_without_room_raises_a_retryable_shortfall(tmp_path: Path, store: Store) -> None:
     store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 1))).to_json(), 1.0)
-    pools = PoolClusters(store, tmp_path, ssh_nodes=FakeFleet())
+    pools = PoolProvider(store, tmp_path, ssh_nodes=FakeFleet())
     too_big = pool_spec(workers=0, cpus=4).spec.rayClusterConfig
     with pytest.raises(RetryableProviderError, match="host pool 'fleet'"):
         await pools.create(draft("c", too_big), too_big, store)
@@ -223,7 +223,7 @@ async def test_a_failed_node_start_raises_its_cause_whatever_the_role(
     # What a failed start means for the rollout (fail it, or retry a serving cluster's node) is the
     # executor's decision (test_controller); the provider reports the cause as it is.
     store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4))).to_json(), 1.0)
-    pools = PoolClusters(store, tmp_path, ssh_nodes=FakeFleet())
+    pools = PoolProvider(store, tmp_path, ssh_nodes=FakeFleet())
     cluster = await pools.new_record(draft("c", POOL_CONFIG), POOL_CONFIG, store)
     store.put_cluster(cluster.with_changes(role=role))  # stored without its token: the start cannot read it
 

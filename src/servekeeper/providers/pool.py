@@ -75,7 +75,7 @@ def pool_problems(store: Store, config: RayClusterConfigSpec) -> list[str]:
     return []
 
 
-class PoolClusters:
+class PoolProvider:
     def __init__(
         self, store: Store, state_dir: Path, ssh_nodes: Callable[[Sequence[HostSpec]], SshNodes] = SshNodes
     ) -> None:
