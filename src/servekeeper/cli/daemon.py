@@ -98,11 +98,11 @@ def down(
     if read_api_info(directory) is not None and _api_answers(directory):
         _stop_daemon(directory, timeout)
     else:
-        from servekeeper.offline import stop_everything_offline
+        from servekeeper.offline import StateDirBusy, stop_everything_offline
 
         try:
             stopped = asyncio.run(stop_everything_offline(directory))
-        except StoreError as exc:
+        except (StoreError, StateDirBusy, OSError) as exc:
             common.errors.print(str(exc), style="red", markup=False)
             raise typer.Exit(1) from exc
         common.console.print(f"no daemon was running; stopped {stopped.stopped} cluster(s) and the ingress directly")
