@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from servekeeper.commands.errors import Conflict, HostPoolNotFound, InvalidSpec
-from servekeeper.model.hostpool import HostPoolRecord, HostPoolSpec, HostSpec, parse_host_pool
+from servekeeper.model.hostpool import HostPoolRecord, HostPoolSpec, HostSpec, keep_stored_work_dirs, parse_host_pool
 from servekeeper.model.spec import SpecError
 from servekeeper.model.wire import HostCheckView, PoolCheckView
 from servekeeper.providers.ssh import (
@@ -74,6 +74,8 @@ class HostPoolCommands:
         # The check and the write in one transaction: a cluster stored meanwhile (its placement
         # compares the pool in the transaction that stores it) is seen, or sees this change.
         with self.store.transaction():
+            previous = self.store.get_host_pool(pool.name)
+            pool = keep_stored_work_dirs(pool, document, previous.spec() if previous else None)
             self._check_hosts_in_use_kept(pool)
             record, changed = self.store.apply_host_pool(pool.name, pool.to_json(), time.time())
         # Shaped like a service's apply answer; a pool has no generations.

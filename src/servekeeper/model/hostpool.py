@@ -209,6 +209,24 @@ def parse_host_pool(document: Any) -> HostPoolSpec:
         raise SpecError(format_errors(exc)) from exc
 
 
+def keep_stored_work_dirs(pool: HostPoolSpec, document: dict[str, Any], stored: HostPoolSpec | None) -> HostPoolSpec:
+    """`pool` (parsed from `document`) with the stored workDir of each host the document gives
+    none: only a workDir written in the document changes it. Pools stored before the per-user
+    default saved `/tmp/servekeeper` explicitly; re-applying the same pool.yaml must not move
+    hosts in use. A host whose ssh.user changed gets the new user's default (the old user's
+    directory would be refused on the host as not ours)."""
+    if stored is None:
+        return pool
+    written = [bool(host.get("workDir")) for host in document["spec"]["hosts"]]
+    hosts = []
+    for host, work_dir_written in zip(pool.spec.hosts, written, strict=True):
+        before = stored.host(host.name)
+        if before is not None and not work_dir_written and before.ssh.user == host.ssh.user:
+            host = host.model_copy(update={"workDir": before.workDir})
+        hosts.append(host)
+    return pool.model_copy(update={"spec": pool.spec.model_copy(update={"hosts": hosts})})
+
+
 def read_single_document(path: Path) -> Any:
     """The one YAML document of a file, or SpecError (unreadable, too large, not YAML, several)."""
     try:
