@@ -29,6 +29,7 @@ from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterPorts, ClusterRecord, Event, NodePlacement, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
 from servekeeper.providers.base import ClusterProvider, ProviderError
+from servekeeper.providers.local import local_temp_dir
 from servekeeper.rayapi.serve_api import ServeClient
 from servekeeper.store.store import Store
 
@@ -129,8 +130,8 @@ class Executor:
             cluster_spec_json=config.model_dump_json(),
             role=role,
             ports=UNPLACED,
-            # Short on purpose: Ray's unix socket paths under it must stay below 107 bytes.
-            temp_dir=f"/tmp/sk-{suffix}{secrets.token_hex(2)}",
+            # Under a private per-user parent (Ray opens the dir itself to everyone), and short.
+            temp_dir=local_temp_dir(f"{suffix}{secrets.token_hex(2)}"),
             log_dir=str(self.state_dir / "clusters" / name),
             created_at=self.clock(),
         )

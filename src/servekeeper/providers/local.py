@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from servekeeper.providers.base import ClusterRecords, Liveness, PermanentProvid
 from servekeeper.providers.node_log import TAIL_BYTES, env_values, last_lines
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.ray_start import node_port_args, param_args, resource_args
-from servekeeper.providers.remote.node_agent import open_log, private_dir
+from servekeeper.providers.remote.node_agent import UnsafePath, open_log, private_dir
 
 logger = logging.getLogger(__name__)
 
@@ -158,10 +159,28 @@ async def _wait_for_port(port: int, timeout: float) -> bool:
     return False
 
 
+def local_temp_dir(name: str, uid: int | None = None) -> str:
+    """Where a local cluster's nodes keep their Ray temp dir: in a parent of this user's that
+    stays 0700 (private_temp_dir), because `ray start` makes the temp dir itself, and the
+    session, sockets and logs dirs under it, mode 0777. Short on purpose: Ray's unix socket
+    paths under it (<temp>/session_<date>_<pid>/sockets/dash_TaskEventsHead) must stay below
+    107 bytes, with room for any uid."""
+    return f"/tmp/sk-{os.geteuid() if uid is None else uid}/{name}"
+
+
 def private_temp_dir(temp_dir: str) -> None:
-    """A node's temp dir in the shared /tmp (Ray keeps unix sockets there): made 0700, and
-    refused (UnsafePath, naming it) if another user made it first or planted a symlink."""
+    """A node's temp dir (Ray keeps unix sockets there): made 0700, and refused (UnsafePath,
+    naming it) if another user made it or a component first, or planted a symlink. A parent of
+    ours must also be closed to others: Ray opens the temp dir itself to everyone."""
     private_dir(temp_dir)
+    parent = os.path.dirname(temp_dir.rstrip("/"))
+    info = os.lstat(parent)
+    if info.st_uid == os.geteuid() and not info.st_mode & stat.S_ISVTX and info.st_mode & 0o077:
+        # (A sticky one is a shared /tmp: a record from before the per-user parent.)
+        raise UnsafePath(
+            f"{parent} is open to other users (mode {stat.S_IMODE(info.st_mode):o}) and Ray makes "
+            f"{temp_dir} world-writable: make {parent} 0700"
+        )
 
 
 class LocalProvider:
