@@ -44,6 +44,7 @@ def test_a_work_dir_owned_by_another_user_is_refused_by_name(tmp_path: Path) -> 
     work.mkdir(mode=0o700)
     os.chown(work, NOBODY, NOBODY)
     assert str(work) in refused(work) and "owned by uid 65534" in refused(work)
+    assert "set another workDir" in refused(work)  # a predictable default pre-created: what to do
     assert not (work / "cluster").exists()
 
 
