@@ -80,9 +80,11 @@ def _controller_lock(state_dir: Path) -> Iterator[None]:
 
 async def stop_everything_offline(state_dir: Path) -> OfflineStop:
     """Raises StateDirBusy (stopping nothing) when a daemon holds the state dir's lock."""
-    if not (state_dir / "store.db").exists():
+    if not state_dir.is_dir():
         return OfflineStop()
-    with _controller_lock(state_dir):
+    with _controller_lock(state_dir):  # even with no store yet: a starting daemon makes it next
+        if not (state_dir / "store.db").exists():
+            return OfflineStop()
         return await _stop_everything(state_dir)
 
 

@@ -200,3 +200,10 @@ def lock_is_free(state_dir: Path) -> bool:
             return False
         fcntl.flock(handle, fcntl.LOCK_UN)
         return True
+
+
+def test_down_refuses_a_silent_daemon_that_has_not_made_its_store_yet(tmp_path: Path) -> None:
+    with lock_held_by_another_process(tmp_path, "pid"):
+        result = CliRunner().invoke(app, ["down", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "servekeeper is down" not in result.output
