@@ -12,9 +12,14 @@ from typing import Any
 import asyncssh
 import pytest
 
+from servekeeper.model.records import ClusterRecord, NodePlacement
+from servekeeper.providers import pool_liveness
+from servekeeper.providers.node_argv import remote_node
 from servekeeper.providers.ssh import ChannelRefused, HostConnection, HostUnreachable
+from servekeeper.providers.ssh_nodes import SshNodes
 from tests.unit.ssh_fakes import FakeSshConnection
-from tests.unit.test_ssh import a_host
+from tests.unit.test_pool_clusters import draft, pool_spec
+from tests.unit.test_ssh import PORTS, a_host
 
 
 class ChannelCountingConnection(FakeSshConnection):
@@ -118,3 +123,48 @@ async def test_an_sftp_write_refused_for_want_of_sessions_is_retryable(tmp_path:
     with pytest.raises(ChannelRefused) as refused:
         await connection.write_file(str(tmp_path / "auth_token"), b"token")
     assert refused.value.retryable and not fake.closed
+
+
+# -- liveness looks beside slow commands (issue 19 follow-up) ----------------------------------------
+
+
+class BusyHost(ChannelCountingConnection):
+    """A host that answers: the node agent's `stop` holds its channel (TERM, wait, KILL, up to
+    30 s) until `release`; `alive` and `tail` answer at once."""
+
+    async def run(self, command: str, **kwargs: Any) -> SimpleNamespace:
+        if command.endswith(" stop"):
+            await super().run(command, **kwargs)
+            return SimpleNamespace(exit_status=0, stdout='{"left": []}', stderr="")
+        if self.open_now >= self.max_sessions:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "open failed")
+        self.most_open = max(self.most_open, self.open_now + 1)
+        await asyncio.sleep(0)
+        answer = '{"alive": true}' if command.endswith(" alive") else '{"tail": "ray start exited"}'
+        return SimpleNamespace(exit_status=0, stdout=answer, stderr="")
+
+
+def started_cluster(host_name: str, count: int) -> ClusterRecord:
+    config = pool_spec(workers=count - 1).spec.rayClusterConfig
+    nodes = tuple(
+        NodePlacement(host_name, "10.0.0.11", "head" if i == 0 else "worker", PORTS, f"/tmp/sk/n{i}", 100 + i, 100 + i)
+        for i in range(count)
+    )
+    return draft("c", config).with_changes(pool="fleet", nodes=nodes)
+
+
+async def test_a_liveness_look_answers_while_slow_commands_hold_every_channel(monkeypatch: Any) -> None:
+    monkeypatch.setattr(pool_liveness, "LIVENESS_TIMEOUT_SECONDS", 0.5)
+    nodes = SshNodes([a_host()])
+    fake = BusyHost(max_sessions=10)
+    nodes.connection("gpu-a")._connection = fake  # type: ignore[assignment]
+    busy = started_cluster("gpu-a", 8)
+    stops = [asyncio.ensure_future(nodes.stop(remote_node(node))) for node in busy.nodes]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert fake.open_now > 0  # the teardown holds channels, as many as it may
+    looked = await pool_liveness.look(nodes, started_cluster("gpu-a", 2))
+    assert looked.head_alive and not looked.head_silent and looked.dead_workers == [], looked.reason
+    fake.release.set()
+    assert await asyncio.gather(*stops) == [[]] * 8
+    assert fake.most_open < 10 and not fake.closed  # within OpenSSH's MaxSessions, nothing refused

@@ -15,7 +15,9 @@ from servekeeper.providers.ssh import SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
 
 # A look at a node never holds a tick longer than this: a host cut off the network does not
-# refuse, it stays silent, and SSH would wait for its own timeouts and retries.
+# refuse, it stays silent, and SSH would wait for its own timeouts and retries. The bound is
+# spent on the host only: a look takes a channel kept for looks (`ssh.QUICK_CHANNELS`), never
+# waiting behind the slow commands of a busy host (stops, port probes).
 LIVENESS_TIMEOUT_SECONDS = 4.0
 
 
