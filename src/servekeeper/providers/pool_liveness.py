@@ -10,9 +10,10 @@ from typing import NamedTuple
 from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.base import Liveness, ProviderError
 from servekeeper.providers.node_argv import remote_node
-from servekeeper.providers.node_log import env_values
+from servekeeper.providers.node_log import hidden_values
 from servekeeper.providers.ssh import SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
+from servekeeper.store.store import Store
 
 # A look at a node never holds a tick longer than this: a host cut off the network does not
 # refuse, it stays silent, and SSH would wait for its own timeouts and retries. The bound is
@@ -28,12 +29,13 @@ class NodeAnswer(NamedTuple):
     cause: str = ""  # its log's last lines, when it exited
 
 
-async def look(ssh: SshNodes, cluster: ClusterRecord) -> Liveness:
-    """The cluster's liveness from one look at each started node (at once, each bounded)."""
+async def look(ssh: SshNodes, cluster: ClusterRecord, store: Store | None = None) -> Liveness:
+    """The cluster's liveness from one look at each started node (at once, each bounded). With
+    `store`, its facts say which env values came from secrets (`node_log.hidden_values`)."""
     if not cluster.nodes:  # failed at placement: nothing was ever started
         return Liveness(False, [], None)
     started = [node for node in cluster.nodes if node.pid is not None]
-    hide = env_values(cluster.cluster_spec_json)  # none of it in an event
+    hide = hidden_values(cluster, store)  # none of it in an event
     answers = await asyncio.gather(*(_node(ssh, node, hide) for node in started))
     if cluster.nodes[0].pid is None:
         return Liveness(False, [], None)
@@ -57,7 +59,7 @@ async def look(ssh: SshNodes, cluster: ClusterRecord) -> Liveness:
     )
 
 
-async def _node(ssh: SshNodes, node: NodePlacement, hide: list[str]) -> NodeAnswer:
+async def _node(ssh: SshNodes, node: NodePlacement, hide: frozenset[str]) -> NodeAnswer:
     try:
         running = await asyncio.wait_for(ssh.alive(remote_node(node)), LIVENESS_TIMEOUT_SECONDS)
     except asyncio.TimeoutError:
