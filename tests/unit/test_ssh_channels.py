@@ -168,3 +168,36 @@ async def test_a_liveness_look_answers_while_slow_commands_hold_every_channel(mo
     fake.release.set()
     assert await asyncio.gather(*stops) == [[]] * 8
     assert fake.most_open < 10 and not fake.closed  # within OpenSSH's MaxSessions, nothing refused
+
+
+class SlowLooks(BusyHost):
+    """A host under load: each look answers, but after `look_seconds`; `silent` answers none."""
+
+    look_seconds = 0.3
+    silent = False
+
+    async def run(self, command: str, **kwargs: Any) -> SimpleNamespace:
+        await (asyncio.Event().wait() if self.silent else asyncio.sleep(self.look_seconds))
+        return await super().run(command, **kwargs)
+
+
+async def test_a_look_waiting_behind_other_looks_gets_its_whole_timeout_once_it_has_a_channel(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setattr(pool_liveness, "LIVENESS_TIMEOUT_SECONDS", 0.5)
+    nodes = SshNodes([a_host()])
+    nodes.connection("gpu-a")._connection = SlowLooks()  # type: ignore[assignment]
+    looked = await pool_liveness.look(nodes, started_cluster("gpu-a", 4))  # 2 rounds of 0.3 s on 2 channels
+    assert looked.head_alive and looked.dead_workers == [], looked.reason
+
+
+async def test_a_silent_host_is_still_found_silent_within_the_looks_bound(monkeypatch: Any) -> None:
+    monkeypatch.setattr(pool_liveness, "LIVENESS_TIMEOUT_SECONDS", 0.2)
+    nodes = SshNodes([a_host()])
+    fake = SlowLooks()
+    fake.silent = True
+    nodes.connection("gpu-a")._connection = fake  # type: ignore[assignment]
+    started = asyncio.get_running_loop().time()
+    looked = await pool_liveness.look(nodes, started_cluster("gpu-a", 4))
+    assert not looked.head_alive and looked.head_silent
+    assert asyncio.get_running_loop().time() - started <= pool_liveness.LOOK_BOUND_FACTOR * 0.2 + 0.2

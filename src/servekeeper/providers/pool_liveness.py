@@ -15,11 +15,14 @@ from servekeeper.providers.ssh import SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
 from servekeeper.store.store import Store
 
-# A look at a node never holds a tick longer than this: a host cut off the network does not
-# refuse, it stays silent, and SSH would wait for its own timeouts and retries. The bound is
-# spent on the host only: a look takes a channel kept for looks (`ssh.QUICK_CHANNELS`), never
-# waiting behind the slow commands of a busy host (stops, port probes).
+# A host that does not answer a look within this is silent: a host cut off the network does
+# not refuse, it stays silent, and SSH would wait for its own timeouts and retries. The time is
+# the host's only: a look takes a channel kept for looks (`ssh.QUICK_CHANNELS`), never waiting
+# behind the slow commands of a busy host (stops, port probes), and its timeout starts once it
+# holds one. The whole look, a wait behind the other looks at that host included, is bounded by
+# LOOK_BOUND_FACTOR times it: a silent host holds a tick no longer than that.
 LIVENESS_TIMEOUT_SECONDS = 4.0
+LOOK_BOUND_FACTOR = 2
 
 
 class NodeAnswer(NamedTuple):
@@ -60,8 +63,9 @@ async def look(ssh: SshNodes, cluster: ClusterRecord, store: Store | None = None
 
 
 async def _node(ssh: SshNodes, node: NodePlacement, hide: frozenset[str]) -> NodeAnswer:
+    bound = LIVENESS_TIMEOUT_SECONDS * LOOK_BOUND_FACTOR
     try:
-        running = await asyncio.wait_for(ssh.alive(remote_node(node)), LIVENESS_TIMEOUT_SECONDS)
+        running = await asyncio.wait_for(ssh.alive(remote_node(node), LIVENESS_TIMEOUT_SECONDS), bound)
     except asyncio.TimeoutError:
         return NodeAnswer(False, f"host {node.host} did not answer within {LIVENESS_TIMEOUT_SECONDS:g}s", False)
     except (NodeUnreachable, SshError, ProviderError) as exc:  # ProviderError: host gone from the pool
@@ -69,7 +73,7 @@ async def _node(ssh: SshNodes, node: NodePlacement, hide: frozenset[str]) -> Nod
     if running:
         return NodeAnswer(True, "", False)
     try:  # what the node said last: the cause an operator needs
-        cause = await asyncio.wait_for(ssh.last_lines(remote_node(node), hide), LIVENESS_TIMEOUT_SECONDS)
+        cause = await asyncio.wait_for(ssh.last_lines(remote_node(node), hide, LIVENESS_TIMEOUT_SECONDS), bound)
     except asyncio.TimeoutError:
         cause = "its log not read (the host did not answer in time)"
     except (NodeUnreachable, SshError, ProviderError) as exc:

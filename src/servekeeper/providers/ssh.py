@@ -252,18 +252,21 @@ class HostConnection:
     ) -> RemoteResult:
         """Run `argv` on the host (quoted once, here). With `check`, a non-zero exit raises
         CommandFailed. A `quick` command (one that answers at once: a look) takes one of the
-        channels kept for those, never waiting behind slow commands."""
+        channels kept for those, never waiting behind slow commands; its `timeout` starts once
+        it holds one, and covers opening the channel (a silent host never confirms it)."""
         if not argv:
             raise ValueError("an empty command")
         command = shlex.join(argv)
+        limit = timeout or self.command_timeout
         connection = await self._connect()
         try:
             async with self._quick_channels if quick else self._channels:
-                completed = await connection.run(
-                    command, input=input, timeout=timeout or self.command_timeout, check=False, encoding="utf-8"
-                )
+                answer = connection.run(command, input=input, timeout=limit, check=False, encoding="utf-8")
+                completed = await (asyncio.wait_for(answer, limit) if quick else answer)
         except asyncssh.TimeoutError as exc:
             raise CommandTimeout(self.where, f"{argv[0]} did not finish within {exc}") from exc
+        except asyncio.TimeoutError as exc:  # before OSError, which it is since Python 3.11
+            raise CommandTimeout(self.where, f"{argv[0]} got no answer within {limit:g}s") from exc
         except asyncssh.ChannelOpenError as exc:
             if not connection.is_closed():  # the login lives and serves the commands in flight
                 raise ChannelRefused(self.where, f"refused a channel for {argv[0]}: {exc.reason}") from exc
