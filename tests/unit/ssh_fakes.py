@@ -127,12 +127,12 @@ class FakeSshNodes(SshNodes):
         self.fleet.launches.append(on_host)
         return await asyncio.shield(on_host)
 
-    async def alive(self, node: RemoteNode) -> bool:
+    async def alive(self, node: RemoteNode, timeout: float | None = None) -> bool:
         if node.host in self.fleet.silent:
             raise NodeUnreachable(node.host, f"cannot tell whether pid {node.pid} lives: timed out")
         return node.temp_dir in self.fleet.running
 
-    async def last_lines(self, node: RemoteNode, hide: Collection[str] = ()) -> str:
+    async def last_lines(self, node: RemoteNode, hide: Collection[str] = (), timeout: float | None = None) -> str:
         if node.host in self.fleet.silent:
             raise NodeUnreachable(node.host, f"cannot read the log of pid {node.pid}: timed out")
         return last_lines(self.fleet.logs.get(node.temp_dir, ""), hide=hide)

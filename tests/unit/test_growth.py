@@ -73,6 +73,7 @@ def footprint(world: World, path: Path) -> dict[str, Any]:
             len(controller._service_tasks),
             len(controller._wakeups),
             len(controller.observations),
+            len(controller.observer.silent_hosts),
             len(controller.executor.shortfalls),
             len(controller.executor.background),
             len(controller.documents.cache),

@@ -13,8 +13,13 @@ from pathlib import Path
 import pytest
 
 from servekeeper.model.hostpool import MAX_WORK_DIR_LENGTH, parse_host_pool
+from servekeeper.model.records import ClusterRecord
+from servekeeper.providers.local import private_temp_dir
 from servekeeper.providers.remote import node_agent
+from tests.unit.test_controller import World, make_spec, world
 from tests.unit.test_hostpool import VALID, host
+
+__all__ = ["world"]  # the fixture, imported for pytest
 
 NOBODY = 65534
 
@@ -96,8 +101,6 @@ def test_a_symlinked_node_log_is_not_followed(tmp_path: Path) -> None:
 
 
 def test_the_local_provider_refuses_an_unsafe_temp_dir(tmp_path: Path) -> None:
-    from servekeeper.providers.local import private_temp_dir
-
     planted = tmp_path / "sk-planted"
     planted.mkdir()
     os.chown(planted, NOBODY, NOBODY)
@@ -106,3 +109,23 @@ def test_the_local_provider_refuses_an_unsafe_temp_dir(tmp_path: Path) -> None:
     fresh = tmp_path / "sk-fresh"
     private_temp_dir(str(fresh))
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+
+
+async def test_a_head_start_refused_for_an_unsafe_path_fails_the_cluster_naming_the_path(
+    world: World, tmp_path: Path
+) -> None:
+    """UnsafePath is an OSError: from a provider's start_head it becomes the cluster's
+    StartFailed (its rollout fails saying which path), not an error out of the tick."""
+    planted = tmp_path / "sk-planted"
+    planted.mkdir()
+    os.chown(planted, NOBODY, NOBODY)
+
+    def make_temp_dir(cluster: ClusterRecord) -> None:  # as LocalProvider.start_head does first
+        private_temp_dir(str(planted / cluster.name))
+
+    world.provider.before_start_head = make_temp_dir
+    world.apply(make_spec())
+    await world.tick()
+    [cluster] = world.clusters()
+    assert (cluster.failure_reason or "").startswith(f"StartFailed: {planted} is owned by uid {NOBODY}")
+    assert isinstance(node_agent.UnsafePath("x"), OSError)

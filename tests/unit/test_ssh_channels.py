@@ -12,9 +12,14 @@ from typing import Any
 import asyncssh
 import pytest
 
+from servekeeper.model.records import ClusterRecord, NodePlacement
+from servekeeper.providers import pool_liveness
+from servekeeper.providers.node_argv import remote_node
 from servekeeper.providers.ssh import ChannelRefused, HostConnection, HostUnreachable
+from servekeeper.providers.ssh_nodes import SshNodes
 from tests.unit.ssh_fakes import FakeSshConnection
-from tests.unit.test_ssh import a_host
+from tests.unit.test_pool_clusters import draft, pool_spec
+from tests.unit.test_ssh import PORTS, a_host
 
 
 class ChannelCountingConnection(FakeSshConnection):
@@ -118,3 +123,81 @@ async def test_an_sftp_write_refused_for_want_of_sessions_is_retryable(tmp_path:
     with pytest.raises(ChannelRefused) as refused:
         await connection.write_file(str(tmp_path / "auth_token"), b"token")
     assert refused.value.retryable and not fake.closed
+
+
+# -- liveness looks beside slow commands (issue 19 follow-up) ----------------------------------------
+
+
+class BusyHost(ChannelCountingConnection):
+    """A host that answers: the node agent's `stop` holds its channel (TERM, wait, KILL, up to
+    30 s) until `release`; `alive` and `tail` answer at once."""
+
+    async def run(self, command: str, **kwargs: Any) -> SimpleNamespace:
+        if command.endswith(" stop"):
+            await super().run(command, **kwargs)
+            return SimpleNamespace(exit_status=0, stdout='{"left": []}', stderr="")
+        if self.open_now >= self.max_sessions:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "open failed")
+        self.most_open = max(self.most_open, self.open_now + 1)
+        await asyncio.sleep(0)
+        answer = '{"alive": true}' if command.endswith(" alive") else '{"tail": "ray start exited"}'
+        return SimpleNamespace(exit_status=0, stdout=answer, stderr="")
+
+
+def started_cluster(host_name: str, count: int) -> ClusterRecord:
+    config = pool_spec(workers=count - 1).spec.rayClusterConfig
+    nodes = tuple(
+        NodePlacement(host_name, "10.0.0.11", "head" if i == 0 else "worker", PORTS, f"/tmp/sk/n{i}", 100 + i, 100 + i)
+        for i in range(count)
+    )
+    return draft("c", config).with_changes(pool="fleet", nodes=nodes)
+
+
+async def test_a_liveness_look_answers_while_slow_commands_hold_every_channel(monkeypatch: Any) -> None:
+    monkeypatch.setattr(pool_liveness, "LIVENESS_TIMEOUT_SECONDS", 0.5)
+    nodes = SshNodes([a_host()])
+    fake = BusyHost(max_sessions=10)
+    nodes.connection("gpu-a")._connection = fake  # type: ignore[assignment]
+    busy = started_cluster("gpu-a", 8)
+    stops = [asyncio.ensure_future(nodes.stop(remote_node(node))) for node in busy.nodes]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert fake.open_now > 0  # the teardown holds channels, as many as it may
+    looked = await pool_liveness.look(nodes, started_cluster("gpu-a", 2))
+    assert looked.head_alive and not looked.head_silent and looked.dead_workers == [], looked.reason
+    fake.release.set()
+    assert await asyncio.gather(*stops) == [[]] * 8
+    assert fake.most_open < 10 and not fake.closed  # within OpenSSH's MaxSessions, nothing refused
+
+
+class SlowLooks(BusyHost):
+    """A host under load: each look answers, but after `look_seconds`; `silent` answers none."""
+
+    look_seconds = 0.3
+    silent = False
+
+    async def run(self, command: str, **kwargs: Any) -> SimpleNamespace:
+        await (asyncio.Event().wait() if self.silent else asyncio.sleep(self.look_seconds))
+        return await super().run(command, **kwargs)
+
+
+async def test_a_look_waiting_behind_other_looks_gets_its_whole_timeout_once_it_has_a_channel(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setattr(pool_liveness, "LIVENESS_TIMEOUT_SECONDS", 0.5)
+    nodes = SshNodes([a_host()])
+    nodes.connection("gpu-a")._connection = SlowLooks()  # type: ignore[assignment]
+    looked = await pool_liveness.look(nodes, started_cluster("gpu-a", 4))  # 2 rounds of 0.3 s on 2 channels
+    assert looked.head_alive and looked.dead_workers == [], looked.reason
+
+
+async def test_a_silent_host_is_still_found_silent_within_the_looks_bound(monkeypatch: Any) -> None:
+    monkeypatch.setattr(pool_liveness, "LIVENESS_TIMEOUT_SECONDS", 0.2)
+    nodes = SshNodes([a_host()])
+    fake = SlowLooks()
+    fake.silent = True
+    nodes.connection("gpu-a")._connection = fake  # type: ignore[assignment]
+    started = asyncio.get_running_loop().time()
+    looked = await pool_liveness.look(nodes, started_cluster("gpu-a", 4))
+    assert not looked.head_alive and looked.head_silent
+    assert asyncio.get_running_loop().time() - started <= pool_liveness.LOOK_BOUND_FACTOR * 0.2 + 0.2

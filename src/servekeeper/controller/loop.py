@@ -155,6 +155,7 @@ class Controller:
         if self._service_tasks.get(name) is asyncio.current_task():
             del self._service_tasks[name]
         self.observations.pop(name, None)
+        self.observer.forget_service(name)
         self.executor.shortfalls.pop(name, None)
         self.executor.unacknowledged_routes.discard(name)
         self.metrics.forget_service(name)

@@ -103,9 +103,15 @@ class Observer:
             placement_problem=self.shortfalls.get(service.name),
         )
 
+    def forget_service(self, service: str) -> None:
+        """Drop what is kept of a service that is gone (its last look may have found a host
+        silent, and no look comes after it to clear that)."""
+        self.silent_hosts.pop(service, None)
+
     def _with_silence(self, service: str, observed: list[ClusterObservation]) -> list[ClusterObservation]:
         """Each look at a silent host carries since when it has been silent, so that the planner
-        waits a threshold before it counts its node as lost."""
+        waits a threshold before it counts its node as lost. Rebuilt from this look's clusters
+        only: a cluster gone (or being deleted) leaves no entry."""
         before = self.silent_hosts.pop(service, {})
         now = self.clock()
         since: dict[tuple[str, str], float] = {}

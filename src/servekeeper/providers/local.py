@@ -29,7 +29,7 @@ from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, 
 from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import ClusterRecords, Liveness, PermanentProviderError, ProviderError, RecordChanges
-from servekeeper.providers.node_log import TAIL_BYTES, env_values, last_lines
+from servekeeper.providers.node_log import TAIL_BYTES, hidden_values, last_lines
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.ray_start import node_port_args, param_args, resource_args
 from servekeeper.providers.remote.node_agent import UnsafePath, open_log, private_dir
@@ -287,7 +287,8 @@ class LocalProvider:
         try:
             with open(Path(cluster.log_dir) / log_name, "rb") as log:
                 log.seek(max(0, log.seek(0, os.SEEK_END) - TAIL_BYTES))
-                return last_lines(log.read().decode(errors="replace"), hide=env_values(cluster.cluster_spec_json))
+                # No store here: which env values came from secrets is unknown, so more is hidden.
+                return last_lines(log.read().decode(errors="replace"), hide=hidden_values(cluster, None))
         except OSError:
             return "no log"
 

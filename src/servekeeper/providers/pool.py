@@ -280,7 +280,7 @@ class PoolProvider:
             ssh = self.ssh(cluster.pool)
         except Shortfall as exc:  # the pool was deleted under it: nothing can be looked at (unknown)
             return Liveness(False, [], str(exc), head_silent=True)
-        result = await look(ssh, cluster)
+        result = await look(ssh, cluster, self.store)
         self._liveness[cluster.name] = (pids, now, result)
         return result
 

@@ -10,13 +10,19 @@ from typing import NamedTuple
 from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.base import Liveness, ProviderError
 from servekeeper.providers.node_argv import remote_node
-from servekeeper.providers.node_log import env_values
+from servekeeper.providers.node_log import hidden_values
 from servekeeper.providers.ssh import SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
+from servekeeper.store.store import Store
 
-# A look at a node never holds a tick longer than this: a host cut off the network does not
-# refuse, it stays silent, and SSH would wait for its own timeouts and retries.
+# A host that does not answer a look within this is silent: a host cut off the network does
+# not refuse, it stays silent, and SSH would wait for its own timeouts and retries. The time is
+# the host's only: a look takes a channel kept for looks (`ssh.QUICK_CHANNELS`), never waiting
+# behind the slow commands of a busy host (stops, port probes), and its timeout starts once it
+# holds one. The whole look, a wait behind the other looks at that host included, is bounded by
+# LOOK_BOUND_FACTOR times it: a silent host holds a tick no longer than that.
 LIVENESS_TIMEOUT_SECONDS = 4.0
+LOOK_BOUND_FACTOR = 2
 
 
 class NodeAnswer(NamedTuple):
@@ -26,12 +32,13 @@ class NodeAnswer(NamedTuple):
     cause: str = ""  # its log's last lines, when it exited
 
 
-async def look(ssh: SshNodes, cluster: ClusterRecord) -> Liveness:
-    """The cluster's liveness from one look at each started node (at once, each bounded)."""
+async def look(ssh: SshNodes, cluster: ClusterRecord, store: Store | None = None) -> Liveness:
+    """The cluster's liveness from one look at each started node (at once, each bounded). With
+    `store`, its facts say which env values came from secrets (`node_log.hidden_values`)."""
     if not cluster.nodes:  # failed at placement: nothing was ever started
         return Liveness(False, [], None)
     started = [node for node in cluster.nodes if node.pid is not None]
-    hide = env_values(cluster.cluster_spec_json)  # none of it in an event
+    hide = hidden_values(cluster, store)  # none of it in an event
     answers = await asyncio.gather(*(_node(ssh, node, hide) for node in started))
     if cluster.nodes[0].pid is None:
         return Liveness(False, [], None)
@@ -55,9 +62,10 @@ async def look(ssh: SshNodes, cluster: ClusterRecord) -> Liveness:
     )
 
 
-async def _node(ssh: SshNodes, node: NodePlacement, hide: list[str]) -> NodeAnswer:
+async def _node(ssh: SshNodes, node: NodePlacement, hide: frozenset[str]) -> NodeAnswer:
+    bound = LIVENESS_TIMEOUT_SECONDS * LOOK_BOUND_FACTOR
     try:
-        running = await asyncio.wait_for(ssh.alive(remote_node(node)), LIVENESS_TIMEOUT_SECONDS)
+        running = await asyncio.wait_for(ssh.alive(remote_node(node), LIVENESS_TIMEOUT_SECONDS), bound)
     except asyncio.TimeoutError:
         return NodeAnswer(False, f"host {node.host} did not answer within {LIVENESS_TIMEOUT_SECONDS:g}s", False)
     except (NodeUnreachable, SshError, ProviderError) as exc:  # ProviderError: host gone from the pool
@@ -65,7 +73,7 @@ async def _node(ssh: SshNodes, node: NodePlacement, hide: list[str]) -> NodeAnsw
     if running:
         return NodeAnswer(True, "", False)
     try:  # what the node said last: the cause an operator needs
-        cause = await asyncio.wait_for(ssh.last_lines(remote_node(node), hide), LIVENESS_TIMEOUT_SECONDS)
+        cause = await asyncio.wait_for(ssh.last_lines(remote_node(node), hide, LIVENESS_TIMEOUT_SECONDS), bound)
     except asyncio.TimeoutError:
         cause = "its log not read (the host did not answer in time)"
     except (NodeUnreachable, SshError, ProviderError) as exc:

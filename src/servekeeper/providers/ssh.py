@@ -33,9 +33,13 @@ logger = logging.getLogger(__name__)
 
 COMMAND_TIMEOUT_SECONDS = 60.0
 KEEPALIVE_SECONDS = 15.0
-# Channels (sessions) open at once on one connection: under OpenSSH's MaxSessions (10 by
-# default), which refuses the one beyond it; the commands past the bound wait for a free one.
-MAX_CHANNELS = 8
+# Channels (sessions) open at once on one connection, together under OpenSSH's MaxSessions (10
+# by default), which refuses the one beyond it; the commands past a bound wait for a free one.
+# QUICK_CHANNELS are kept for quick looks (is a node alive, its log's tail) apart from the
+# MAX_CHANNELS of every other command: a look never waits behind slow ones (a stop holds its
+# channel through TERM, KILL and up to 30 s), so a busy host does not look like a silent one.
+MAX_CHANNELS = 7
+QUICK_CHANNELS = 2
 T = TypeVar("T")
 
 # Run with the host's `python -c`: what Ray compares between the nodes of one cluster.
@@ -159,11 +163,16 @@ class HostConnection:
     """One SSH connection to one host, opened on first use and again after it dropped."""
 
     def __init__(
-        self, host: HostSpec, command_timeout: float = COMMAND_TIMEOUT_SECONDS, max_channels: int = MAX_CHANNELS
+        self,
+        host: HostSpec,
+        command_timeout: float = COMMAND_TIMEOUT_SECONDS,
+        max_channels: int = MAX_CHANNELS,
+        quick_channels: int = QUICK_CHANNELS,
     ) -> None:
         self.host = host
         self.command_timeout = command_timeout
         self._channels = asyncio.Semaphore(max_channels)
+        self._quick_channels = asyncio.Semaphore(quick_channels)
         self._connection: asyncssh.SSHClientConnection | None = None
         self._lock = asyncio.Lock()
         self._retired = False
@@ -233,21 +242,31 @@ class HostConnection:
             return self._connection
 
     async def run(
-        self, argv: Sequence[str], *, timeout: float | None = None, input: str | None = None, check: bool = True
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        input: str | None = None,
+        check: bool = True,
+        quick: bool = False,
     ) -> RemoteResult:
         """Run `argv` on the host (quoted once, here). With `check`, a non-zero exit raises
-        CommandFailed."""
+        CommandFailed. A `quick` command (one that answers at once: a look) takes one of the
+        channels kept for those, never waiting behind slow commands; its `timeout` starts once
+        it holds one, and covers opening the channel (a silent host never confirms it)."""
         if not argv:
             raise ValueError("an empty command")
         command = shlex.join(argv)
+        limit = timeout or self.command_timeout
         connection = await self._connect()
         try:
-            async with self._channels:
-                completed = await connection.run(
-                    command, input=input, timeout=timeout or self.command_timeout, check=False, encoding="utf-8"
-                )
+            async with self._quick_channels if quick else self._channels:
+                answer = connection.run(command, input=input, timeout=limit, check=False, encoding="utf-8")
+                completed = await (asyncio.wait_for(answer, limit) if quick else answer)
         except asyncssh.TimeoutError as exc:
             raise CommandTimeout(self.where, f"{argv[0]} did not finish within {exc}") from exc
+        except asyncio.TimeoutError as exc:  # before OSError, which it is since Python 3.11
+            raise CommandTimeout(self.where, f"{argv[0]} got no answer within {limit:g}s") from exc
         except asyncssh.ChannelOpenError as exc:
             if not connection.is_closed():  # the login lives and serves the commands in flight
                 raise ChannelRefused(self.where, f"refused a channel for {argv[0]}: {exc.reason}") from exc

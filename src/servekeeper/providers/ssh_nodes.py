@@ -92,13 +92,14 @@ class SshNodes:
             await connection.close()
         self._connections.clear()
 
-    async def _call(self, host: str, command: str, request: Mapping[str, Any], timeout: float | None = None) -> Any:
+    async def _call(
+        self, host: str, command: str, request: Mapping[str, Any], timeout: float | None = None, quick: bool = False
+    ) -> Any:
         connection = self.connection(host)
+        argv = [connection.host.python, "-c", node_agent_source(), command]
 
         async def once() -> Any:
-            result = await connection.run(
-                [connection.host.python, "-c", node_agent_source(), command], input=json.dumps(request), timeout=timeout
-            )
+            result = await connection.run(argv, input=json.dumps(request), timeout=timeout, quick=quick)
             return json.loads(result.stdout.strip().splitlines()[-1])
 
         return await with_retries(once)
@@ -209,24 +210,24 @@ class SshNodes:
         logger.info("[%s] %s node started on %s, pid %d", Path(temp_dir).name, role, host, node.pid)
         return node
 
-    async def alive(self, node: RemoteNode) -> bool:
+    async def alive(self, node: RemoteNode, timeout: float | None = None) -> bool:
         """Is the node's `ray start` still running (the same process: pid and temp dir match)?
-        Raises NodeUnreachable if its host does not answer."""
+        Raises NodeUnreachable if its host does not answer (within `timeout` of a channel held)."""
         try:
-            answer = await self._call(
-                node.host, "alive", {"pid": node.pid, "sid": node.session_id, "marker": node.temp_dir}
-            )
+            request = {"pid": node.pid, "sid": node.session_id, "marker": node.temp_dir}
+            answer = await self._call(node.host, "alive", request, timeout, quick=True)  # never behind a stop
         except SshError as exc:
             if exc.retryable:
                 raise NodeUnreachable(exc.host, f"cannot tell whether pid {node.pid} lives: {exc}") from exc
             raise
         return bool(answer["alive"])
 
-    async def last_lines(self, node: RemoteNode, hide: Collection[str] = ()) -> str:
+    async def last_lines(self, node: RemoteNode, hide: Collection[str] = (), timeout: float | None = None) -> str:
         """The last lines of the node's log (why it exited), bounded, `hide` blanked out
         (`node_log.last_lines`). Raises NodeUnreachable if its host does not answer."""
         try:
-            answer = await self._call(node.host, "tail", {"log": node.log_path, "bytes": TAIL_BYTES})
+            request = {"log": node.log_path, "bytes": TAIL_BYTES}
+            answer = await self._call(node.host, "tail", request, timeout, quick=True)
         except SshError as exc:
             if exc.retryable:
                 raise NodeUnreachable(exc.host, f"cannot read the log of pid {node.pid}: {exc}") from exc

@@ -30,8 +30,9 @@ Request = dict[str, Any]
 Answer = dict[str, Any]
 
 
-class UnsafePath(Exception):
-    """A directory we would create or reuse that another user could control."""
+class UnsafePath(OSError):
+    """A directory we would create or reuse that another user could control. An OSError, as a
+    directory that cannot be made is: a caller that handles one (a start that fails) handles both."""
 
 
 # -- private directories -------------------------------------------------------------------------------
