@@ -5,6 +5,7 @@ refusal naming the env var and the secret)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,12 @@ from servekeeper.core.placement import Capacity
 from servekeeper.kuberay.export import SecretInExport, export_manifest
 from servekeeper.kuberay.notes import SecretRef
 from servekeeper.kuberay.translate import import_documents
-from servekeeper.model.spec import ServiceSpec
+from servekeeper.model.spec import ServiceSpec, parse_spec
 from servekeeper.store.secrets import set_secret
 from servekeeper.store.store import Store
 from tests.unit.test_api import AUTH, TOKEN, FakeController
 from tests.unit.test_kuberay_import import SAMPLES, sample_documents
+from tests.unit.test_planner import make_spec as planner_spec
 
 RAY = ray_version()
 NAME = "rayservice-sample"
@@ -166,3 +168,22 @@ def test_export_keeps_a_known_reference_and_maps_an_equal_value() -> None:
         {"name": "B", "valueFrom": {"secretKeyRef": {"name": "named", "key": "b"}}},
         {"name": "C", "value": "plain"},
     ]
+
+
+def test_export_refuses_a_secret_value_in_the_serve_config_and_the_api_says_409(tmp_path: Path) -> None:
+    """No secretKeyRef can stand in an app's runtime_env: the whole manifest is searched."""
+    document = json.loads(planner_spec().to_json())
+    document["spec"]["serveConfig"]["applications"][0]["runtime_env"] = {"env_vars": {"TOKEN": SECRET_VALUE}}
+    spec = parse_spec(document)
+    with pytest.raises(SecretInExport, match="secret 'api' key 'key'") as refused:
+        export_manifest(spec, RAY, (), {"api": {"key": SECRET_VALUE}})
+    assert SECRET_VALUE not in str(refused.value)
+
+    path, secrets_dir = tmp_path / "store.db", tmp_path / "secrets"
+    set_secret(secrets_dir, "api", {"key": SECRET_VALUE})
+    store = Store(path)
+    store_spec(store, spec.name, spec.to_json(), None, None, history_limit=10)
+    store.close()
+    answer = make_client(path, secrets_dir).get(f"/api/v1/services/{spec.name}/export", headers=AUTH)
+    assert answer.status_code == 409 and "secret 'api' key 'key'" in answer.text
+    assert SECRET_VALUE not in answer.text
