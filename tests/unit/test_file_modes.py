@@ -3,13 +3,16 @@ from a version that left them readable by everyone."""
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from servekeeper.rayapi.package import build_package
 from servekeeper.store.secrets import secrets_dir, set_secret
-from servekeeper.store.store import Store, private_state_dir
+from servekeeper.store.store import Store, StoreError, private_state_dir
 
 
 def mode(path: Path) -> int:
@@ -56,3 +59,43 @@ def test_a_secret_set_before_the_first_up_makes_the_state_dir_private(tmp_path: 
     state_dir = tmp_path / "fresh"
     set_secret(secrets_dir(state_dir), "db", {"password": "p"})
     assert mode(state_dir) == 0o700 and mode(secrets_dir(state_dir)) == 0o700
+
+
+def test_a_state_dir_of_another_user_is_refused_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was chmod-ed (as root) or gave a raw PermissionError traceback (as anyone else)."""
+    state_dir = tmp_path / "theirs"
+    state_dir.mkdir(mode=0o755)
+    os.chmod(state_dir, 0o755)
+    someone_else = os.stat(state_dir).st_uid + 1
+    monkeypatch.setattr(os, "geteuid", lambda: someone_else)
+    with pytest.raises(StoreError, match=str(state_dir)) as refused:
+        private_state_dir(state_dir)
+    assert "owned by" in str(refused.value)
+    assert mode(state_dir) == 0o755  # left as it was
+
+
+def test_tightening_an_existing_dir_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`--state-dir .` or `$HOME` was made 0700 without a word."""
+    os.chmod(tmp_path, 0o755)
+    with caplog.at_level(logging.WARNING, logger="servekeeper.store.store"):
+        private_state_dir(tmp_path)
+    assert mode(tmp_path) == 0o700
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert str(tmp_path) in caplog.text and "0755" in caplog.text
+    caplog.clear()
+    private_state_dir(tmp_path)  # already private: nothing to say
+    assert caplog.records == []
+
+
+def test_secret_set_in_a_state_dir_of_another_user_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from servekeeper.cli.main import app
+
+    someone_else = os.stat(tmp_path).st_uid + 1
+    monkeypatch.setattr(os, "geteuid", lambda: someone_else)
+    result = CliRunner().invoke(app, ["secret", "set", "db", "k=-", "--state-dir", str(tmp_path)], input="v")
+    assert result.exit_code == 1, result.output
+    assert str(tmp_path) in result.stderr and "owned by" in result.stderr

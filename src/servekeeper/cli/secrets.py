@@ -12,6 +12,7 @@ from rich.table import Table
 from servekeeper.cli import common
 from servekeeper.cli.common import StateDir
 from servekeeper.store.secrets import SecretError, delete_secret, list_secrets, read_values, secrets_dir, set_secret
+from servekeeper.store.store import StoreError
 
 secret_app = typer.Typer(no_args_is_help=True, help="Secrets that KubeRay manifests name in valueFrom.secretKeyRef.")
 
@@ -32,7 +33,7 @@ def secret_set(
     try:
         values = read_values(pairs or [], from_file or [], _read_stdin)
         set_secret(secrets_dir(common.state_path(state_dir)), name, values)
-    except SecretError as exc:
+    except (SecretError, StoreError) as exc:
         common.errors.print(str(exc), markup=False)
         raise typer.Exit(1) from exc
     common.console.print(f"secret/{name} set ({len(values)} key(s))")

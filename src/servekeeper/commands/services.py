@@ -7,11 +7,12 @@ import time
 from typing import Any
 
 from servekeeper.commands.context import CommandContext
-from servekeeper.commands.errors import Invalid, ServiceNotFound
-from servekeeper.kuberay.export import export_manifest, render_manifest
+from servekeeper.commands.errors import Conflict, Invalid, ServiceNotFound
+from servekeeper.kuberay.export import SecretInExport, export_manifest, render_manifest
 from servekeeper.kuberay.notes import SecretRef
 from servekeeper.model.spec import ServiceSpec
 from servekeeper.store.facts import import_fact_key
+from servekeeper.store.secrets import read_secrets
 from servekeeper.views.service import event_view, service_view
 
 MAX_EVENTS = 1000
@@ -52,7 +53,9 @@ class ServiceCommands:
         return [dict(event_view(e)) for e in self.context.store.list_events(service, max(1, min(limit, MAX_EVENTS)))]
 
     def export(self, name: str, output_format: str) -> dict[str, Any]:
-        """The service as a KubeRay RayService manifest, with the secret references it was imported with."""
+        """The service as a KubeRay RayService manifest, with the secret references it was imported with;
+        an env value equal to a stored secret's is a reference too, and Conflict (naming the secret,
+        not its value) when a secret's value would still be in the text."""
         if output_format != "kuberay":
             raise Invalid([f"format: {output_format!r} is not 'kuberay'"])
         store = self.context.store
@@ -62,7 +65,13 @@ class ServiceCommands:
         spec = ServiceSpec.model_validate_json(service.spec_json)
         imported = store.get_fact(import_fact_key(name)) or {}
         refs = [SecretRef.from_json(ref) for ref in imported.get("secretRefs", [])]
-        manifest, comments = export_manifest(spec, ray_version(), refs)
+        secrets_dir = self.context.secrets_dir
+        try:
+            manifest, comments = export_manifest(
+                spec, ray_version(), refs, read_secrets(secrets_dir) if secrets_dir is not None else {}
+            )
+        except SecretInExport as exc:
+            raise Conflict(f"service {name!r}: {exc}") from exc
         return {"format": "kuberay", "manifest": render_manifest(manifest, comments)}
 
     def delete(self, name: str) -> dict[str, Any]:

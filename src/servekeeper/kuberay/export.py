@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -23,10 +23,35 @@ from servekeeper.model.spec import IngressSpec, ReadinessSpec, ServiceSpec, Serv
 RAY_IMAGE = "rayproject/ray"
 
 
+# A stored secret value this long is looked for inside any text of the manifest; a shorter one
+# ("1", "true") would match ordinary settings, so it is matched only as a whole env value.
+MIN_SECRET_SEARCHED = 8
+
+
+class SecretInExport(ValueError):
+    """The manifest would hold a stored secret's value where no secretKeyRef can stand for it
+    (inside a longer env value, in the Serve config): refused, never printed."""
+
+
+Secrets = Mapping[str, Mapping[str, str]]  # secret name -> key -> value, as `servekeeper secret` stores them
+
+
 def export_manifest(
-    spec: ServiceSpec, ray_version: str, secret_refs: Sequence[SecretRef] = ()
+    spec: ServiceSpec, ray_version: str, secret_refs: Sequence[SecretRef] = (), secrets: Secrets | None = None
 ) -> tuple[dict[str, Any], list[str]]:
-    """The manifest, and the lines of the comment block (what has no KubeRay equivalent)."""
+    """The manifest, and the lines of the comment block (what has no KubeRay equivalent).
+
+    An env value is written as a secretKeyRef when `secret_refs` names it (how it was imported)
+    or when it equals the current value of one of `secrets` (a safety net: the refs of a
+    revision may be lost); SecretInExport when a secret's value would still be in the text."""
+    manifest, comments, serve_config = _manifest(spec, ray_version, secret_refs, secrets or {})
+    _refuse_secret_values(secrets or {}, [manifest, serve_config, comments])
+    return manifest, comments
+
+
+def _manifest(
+    spec: ServiceSpec, ray_version: str, secret_refs: Sequence[SecretRef], secrets: Secrets
+) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
     body = spec.spec
     comments: list[str] = []
     serve_config = _serve_config(body, comments)
@@ -35,7 +60,7 @@ def export_manifest(
     annotations = {INITIALIZING_TIMEOUT_ANNOTATION: format_duration(body.readinessTimeoutSeconds)}
     if extensions:
         annotations[EXTENSIONS_ANNOTATION] = json.dumps(extensions, sort_keys=True, separators=(",", ":"))
-    cluster = _cluster_config(body.rayClusterConfig, ray_version, secret_refs)
+    cluster = _cluster_config(body.rayClusterConfig, ray_version, secret_refs, secrets)
     manifest_spec: dict[str, Any] = {
         "upgradeStrategy": _upgrade_strategy(body, comments),
         "serveConfigV2": yaml.safe_dump(serve_config, sort_keys=False),
@@ -50,7 +75,49 @@ def export_manifest(
         "metadata": {"name": spec.name, "annotations": annotations},
         "spec": manifest_spec,
     }
-    return manifest, comments
+    return manifest, comments, serve_config
+
+
+def _refs_by_value(secrets: Secrets) -> dict[str, tuple[str, str]]:
+    """A stored secret value -> the first (secret, key) that holds it (any gives the same value)."""
+    by_value: dict[str, tuple[str, str]] = {}
+    for secret in sorted(secrets):
+        for key in sorted(secrets[secret]):
+            if secrets[secret][key]:
+                by_value.setdefault(secrets[secret][key], (secret, key))
+    return by_value
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
+
+
+def _secret_within(text: str, secrets: Secrets) -> tuple[str, str] | None:
+    """The (secret, key) of a stored value long enough to search for that `text` holds, if any."""
+    for secret in sorted(secrets):
+        for key, value in sorted(secrets[secret].items()):
+            if len(value) >= MIN_SECRET_SEARCHED and value in text:
+                return secret, key
+    return None
+
+
+def _refuse_secret_values(secrets: Secrets, parts: Sequence[Any]) -> None:
+    """SecretInExport naming the secret and key (never the value) found in any text of `parts`."""
+    for text in _strings(list(parts)):
+        found = _secret_within(text, secrets)
+        if found is not None:
+            raise SecretInExport(
+                f"the manifest would hold the value of secret {found[0]!r} key {found[1]!r} where no "
+                "secretKeyRef can stand for it; not exported"
+            )
 
 
 def _serve_config(body: ServiceSpecBody, comments: list[str]) -> dict[str, Any]:
@@ -103,12 +170,16 @@ def _differences(body: ServiceSpecBody, extensions: dict[str, Any]) -> list[str]
     return comments
 
 
-def _cluster_config(config: RayClusterConfigSpec, ray_version: str, secret_refs: Sequence[SecretRef]) -> dict[str, Any]:
+def _cluster_config(
+    config: RayClusterConfigSpec, ray_version: str, secret_refs: Sequence[SecretRef], secrets: Secrets
+) -> dict[str, Any]:
     cluster: dict[str, Any] = {
         "rayVersion": ray_version,
         "headGroupSpec": {
             "rayStartParams": _start_params(config.head),
-            "template": _pod_template("ray-head", config.head, ray_version, _refs(secret_refs, "head")),
+            "template": _pod_template(
+                "ray-head", config.head, ray_version, _refs(secret_refs, "head", config.head, secrets)
+            ),
         },
     }
     if config.workerGroups:
@@ -119,7 +190,9 @@ def _cluster_config(config: RayClusterConfigSpec, ray_version: str, secret_refs:
                 "minReplicas": group.replicas,
                 "maxReplicas": group.replicas,
                 "rayStartParams": _start_params(group),
-                "template": _pod_template("ray-worker", group, ray_version, _refs(secret_refs, group.name)),
+                "template": _pod_template(
+                    "ray-worker", group, ray_version, _refs(secret_refs, group.name, group, secrets)
+                ),
             }
             for group in config.workerGroups
         ]
@@ -218,8 +291,25 @@ def _upgrade_strategy(body: ServiceSpecBody, comments: list[str]) -> dict[str, A
     return {"type": "NewCluster"}
 
 
-def _refs(secret_refs: Sequence[SecretRef], group: str) -> dict[str, SecretRef]:
-    return {ref.env: ref for ref in secret_refs if ref.group == group}
+def _refs(
+    secret_refs: Sequence[SecretRef], group_name: str, group: HeadGroupSpec, secrets: Secrets
+) -> dict[str, SecretRef]:
+    """Env name -> the secret it is written as: as imported, else the stored secret holding its
+    value; SecretInExport for a value that holds a secret's value within more text."""
+    by_value = _refs_by_value(secrets)
+    refs = {ref.env: ref for ref in secret_refs if ref.group == group_name}
+    for name, value in group.env.items():
+        if name in refs:
+            continue
+        if value in by_value:
+            refs[name] = SecretRef(group_name, name, *by_value[value])
+        elif (found := _secret_within(value, secrets)) is not None:
+            raise SecretInExport(
+                f"env {name} of group {group_name} holds the value of secret {found[0]!r} key {found[1]!r} "
+                "within other text, which a secretKeyRef cannot express; not exported (set it from the secret "
+                "whole, or export after removing it)"
+            )
+    return refs
 
 
 def _start_params(group: HeadGroupSpec) -> dict[str, str]:

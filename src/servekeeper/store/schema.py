@@ -8,8 +8,13 @@ in the field have run those already).
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from servekeeper.store.facts import import_fact_key
 
 
 @dataclass(frozen=True)
@@ -17,6 +22,46 @@ class Migration:
     version: int  # the store's user_version once it has run
     purpose: str
     script: str  # statements separated by ";"
+    # What SQL cannot say simply (reading JSON documents), run after the script in its transaction.
+    then: Callable[[sqlite3.Connection], None] | None = None
+
+
+def _group_env_names(spec_json: str) -> dict[str, set[str]]:
+    """Group ("head" or a worker group's name) -> its env names, read from a stored spec as JSON
+    (an old spec need not validate against today's model)."""
+    try:
+        config = json.loads(spec_json)["spec"]["rayClusterConfig"]
+    except (ValueError, KeyError, TypeError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    groups: list[tuple[str, Any]] = [("head", config.get("head"))]
+    groups += [(str(group.get("name")), group) for group in config.get("workerGroups") or [] if isinstance(group, dict)]
+    return {name: set((group or {}).get("env") or {}) for name, group in groups if isinstance(group, dict)}
+
+
+def _backfill_revision_secret_refs(db: sqlite3.Connection) -> None:
+    """Each stored revision of an imported service gets, as its own import fact, the service's
+    secret references of the env names the revision's spec holds: before migration 8 only the
+    current generation had them, and `undo` to an older revision restored none (its export
+    printed the values). A revision that already has its fact keeps it."""
+    imported = db.execute(
+        "SELECT services.name, facts.value_json FROM services JOIN facts ON facts.key = 'import:' || services.name"
+    ).fetchall()
+    for service, value_json in imported:
+        fact = json.loads(value_json)
+        refs = fact.get("secretRefs") if isinstance(fact, dict) else None
+        if not refs:
+            continue
+        revisions = db.execute("SELECT revision, spec_json FROM revisions WHERE service = ?", (service,)).fetchall()
+        for revision, spec_json in revisions:
+            env_names = _group_env_names(spec_json)
+            kept = [ref for ref in refs if ref.get("env") in env_names.get(ref.get("group"), set())]
+            if kept:
+                db.execute(
+                    "INSERT OR IGNORE INTO facts (key, value_json) VALUES (?, ?)",
+                    (import_fact_key(service, revision), json.dumps({"secretRefs": kept})),
+                )
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -149,7 +194,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         8,
         "bounded growth (issue 19): submissions indexed by (cluster, config hash), those of removed clusters "
         "gone and at most 50 per cluster beyond the configs it names; the facts of deleted services gone, and "
-        "of their events the newest 100 in all; each service's import fact kept for its current revision too",
+        "of their events the newest 100 in all; each service's import fact kept for its current revision too, "
+        "and its secret references for every stored revision whose env holds their names",
         """
         CREATE INDEX submissions_by_cluster ON submissions(cluster, config_hash, id);
         DELETE FROM submissions WHERE cluster NOT IN (SELECT name FROM clusters);
@@ -177,6 +223,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             SELECT id FROM events WHERE service NOT IN (SELECT name FROM services) ORDER BY id DESC LIMIT 100
         )
         """,
+        then=_backfill_revision_secret_refs,
     ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -192,4 +239,6 @@ def apply_migration(db: sqlite3.Connection, migration: Migration) -> None:
     for statement in migration.script.split(";"):
         if statement.strip():
             db.execute(statement)
+    if migration.then is not None:
+        migration.then(db)
     db.execute(f"PRAGMA user_version = {migration.version}")

@@ -16,6 +16,7 @@ from servekeeper.store.store import private_state_dir
 
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")  # Kubernetes' secret key rule
 STDIN = "-"
+MAX_SECRET_FILE_BYTES = 1024 * 1024  # a certificate or key is a few KiB; /dev/zero never ends
 
 
 class SecretError(ValueError):
@@ -35,11 +36,12 @@ def _path(directory: Path, name: str) -> Path:
 def read_values(pairs: Sequence[str], from_files: Sequence[str], read_stdin: Callable[[], str]) -> dict[str, str]:
     """A secret's values, never from argv (seen by `ps`, kept in shell history): `KEY=-` reads
     that key's value from standard input (one trailing newline dropped), `--from-file KEY=PATH`
-    from a file (as it is). `KEY=VALUE` is refused, saying how to pass it."""
+    from a file (byte for byte, UTF-8, at most MAX_SECRET_FILE_BYTES). `KEY=VALUE` is refused,
+    saying how to pass it; so is a key given twice."""
     values: dict[str, str] = {}
     stdin_key: str | None = None
     for pair in pairs:
-        key, value = _split(pair, "KEY=-")
+        key, value = _split(pair, "KEY=-", values)
         if value != STDIN:
             raise SecretError(
                 f"{key!r}: a secret value on the command line is visible to `ps` and kept in shell "
@@ -51,11 +53,8 @@ def read_values(pairs: Sequence[str], from_files: Sequence[str], read_stdin: Cal
         raw = read_stdin()
         values[key] = raw[:-1] if raw.endswith("\n") else raw
     for pair in from_files:
-        key, path = _split(pair, "KEY=PATH")
-        try:
-            values[key] = Path(path).expanduser().read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SecretError(f"{key!r}: cannot read {path}: {exc}") from exc
+        key, path = _split(pair, "KEY=PATH", values)
+        values[key] = _read_file(key, path)
     if not values:
         raise SecretError("no values: give KEY=- (the value on standard input) or --from-file KEY=PATH")
     for key, value in values.items():
@@ -64,11 +63,30 @@ def read_values(pairs: Sequence[str], from_files: Sequence[str], read_stdin: Cal
     return values
 
 
-def _split(pair: str, shape: str) -> tuple[str, str]:
+def _split(pair: str, shape: str, given: dict[str, str]) -> tuple[str, str]:
     key, sep, value = pair.partition("=")
     if not sep or not SECRET_KEY.match(key):
         raise SecretError(f"{key!r}: expected {shape} with a key of letters, digits, '-', '.', '_'")
+    if key in given:
+        raise SecretError(f"{key!r} is given twice; give each key once")
     return key, value
+
+
+def _read_file(key: str, path: str) -> str:
+    """The file's bytes as UTF-8 text, unchanged (no newline translation, no locale encoding)."""
+    try:
+        with Path(path).expanduser().open("rb") as handle:
+            data = handle.read(MAX_SECRET_FILE_BYTES + 1)  # bounded: a device may never end
+    except OSError as exc:
+        raise SecretError(f"{key!r}: cannot read {path}: {exc}") from exc
+    if len(data) > MAX_SECRET_FILE_BYTES:
+        raise SecretError(f"{key!r}: {path} is larger than {MAX_SECRET_FILE_BYTES} bytes; a secret value is not")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SecretError(
+            f"{key!r}: {path} is not UTF-8 text (byte {exc.start}); store it encoded, e.g. base64"
+        ) from exc
 
 
 def set_secret(directory: Path, name: str, values: dict[str, str]) -> None:

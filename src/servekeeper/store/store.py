@@ -17,8 +17,10 @@ the write lock before its first read, so a read-modify-write (`apply_spec`, `mar
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +36,8 @@ from servekeeper.store.transaction import Transaction
 
 BUSY_TIMEOUT_MS = 10_000
 
+logger = logging.getLogger(__name__)
+
 
 class StoreError(RuntimeError):
     """The store cannot be used (corrupt, unreadable, closed, or from a newer servekeeper)."""
@@ -41,9 +45,25 @@ class StoreError(RuntimeError):
 
 def private_state_dir(state_dir: Path) -> Path:
     """The state dir, created 0700 (with its missing parents), and made 0700 if an older
-    servekeeper, or a umask, left it open to others: it holds the token, store and secrets."""
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if os.stat(state_dir).st_mode & 0o077:
+    servekeeper, or a umask, left it open to others: it holds the token, store and secrets.
+    StoreError for a dir another user owns (never chmod-ed, even as root) or one we cannot make;
+    a warning names a dir that was tightened (`--state-dir .` would be the working folder)."""
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        status = os.stat(state_dir)
+    except OSError as exc:
+        raise StoreError(f"cannot make the state dir {state_dir}: {exc.strerror or exc}") from exc
+    if status.st_uid != os.geteuid():
+        raise StoreError(
+            f"the state dir {state_dir} is owned by uid {status.st_uid}, not by this user (uid {os.geteuid()}); "
+            "use a state dir of your own (--state-dir)"
+        )
+    if status.st_mode & 0o077:
+        logger.warning(
+            "state dir %s was mode %04o, open to others; made 0700 (it holds the API token, store and secrets)",
+            state_dir,
+            stat.S_IMODE(status.st_mode),
+        )
         os.chmod(state_dir, 0o700)
     return state_dir
 
