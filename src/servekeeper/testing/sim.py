@@ -148,27 +148,7 @@ class SimWorld:
             )
         if self.now - behaviour.started_at < behaviour.head_start_s:
             return ClusterObservation(name=cluster.name, processes_alive=True, error="starting")
-        apps: dict[str, AppState] = dict(behaviour.extra_apps)
-        routes: set[str] = set()
-        if behaviour.config_at is not None:
-            deployed = self.now - behaviour.config_at >= behaviour.deploy_s
-            status = behaviour.app_status_after_deploy if deployed else AppStatus.DEPLOYING
-            if deployed and behaviour.deployed_hash in behaviour.failing_configs:
-                status = AppStatus.DEPLOY_FAILED
-            capacity = behaviour.target_capacity if behaviour.target_capacity is not None else 100.0
-            scaling = behaviour.capacity_at is not None and self.now - behaviour.capacity_at < behaviour.scale_s
-            running = math.ceil(behaviour.replicas * capacity / 100) if status == AppStatus.RUNNING else 0
-            for name, prefix in self.spec.declared_apps().items():
-                apps[name] = AppState(
-                    name=name,
-                    status=status,
-                    source=AppSource.DECLARATIVE,
-                    route_prefix=prefix,
-                    running_replicas=running,
-                    settled=not scaling,
-                )
-                if status == AppStatus.RUNNING and prefix is not None:
-                    routes.add(prefix)
+        apps, routes = self._apps(behaviour)
         probes_pass = (
             behaviour.config_at is not None
             and self.now - behaviour.config_at >= behaviour.deploy_s + behaviour.probe_pass_after_deploy_s
@@ -194,6 +174,31 @@ class SimWorld:
             deployed_config_hash=behaviour.deployed_hash,
             target_capacity=behaviour.target_capacity if cluster.target_capacity is not None else None,
         )
+
+    def _apps(self, behaviour: SimCluster) -> tuple[dict[str, AppState], set[str]]:
+        """The apps Ray would report now, and the routes its proxy would serve."""
+        apps: dict[str, AppState] = dict(behaviour.extra_apps)
+        routes: set[str] = set()
+        if behaviour.config_at is not None:
+            deployed = self.now - behaviour.config_at >= behaviour.deploy_s
+            status = behaviour.app_status_after_deploy if deployed else AppStatus.DEPLOYING
+            if deployed and behaviour.deployed_hash in behaviour.failing_configs:
+                status = AppStatus.DEPLOY_FAILED
+            capacity = behaviour.target_capacity if behaviour.target_capacity is not None else 100.0
+            scaling = behaviour.capacity_at is not None and self.now - behaviour.capacity_at < behaviour.scale_s
+            running = math.ceil(behaviour.replicas * capacity / 100) if status == AppStatus.RUNNING else 0
+            for name, prefix in self.spec.declared_apps().items():
+                apps[name] = AppState(
+                    name=name,
+                    status=status,
+                    source=AppSource.DECLARATIVE,
+                    route_prefix=prefix,
+                    running_replicas=running,
+                    settled=not scaling,
+                )
+                if status == AppStatus.RUNNING and prefix is not None:
+                    routes.add(prefix)
+        return apps, routes
 
     def observe(self) -> Observation:
         route = None
