@@ -59,7 +59,7 @@ def test_dead_active_head_is_reported_at_once_answered_503_fast_and_replaced(sk:
     )
     assert "ClusterUnhealthy" in sk.events("phoenix")
     with sk.db() as db:
-        created = [m for (m,) in db.execute("SELECT message FROM events WHERE reason = 'ClusterCreating'")]
+        created = [m for (m,) in db.execute("SELECT message FROM events WHERE reason = 'ClusterCreating' ORDER BY id")]
     assert any("ActiveUnhealthy" in message for message in created), created
     assert sk.condition("phoenix", "Ready")["status"] == "True"
     assert not pid_alive(dead["headPid"])

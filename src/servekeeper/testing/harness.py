@@ -186,7 +186,7 @@ class Servekeeper:
 
     def submissions(self) -> list[tuple[str, str]]:
         with self.db() as db:
-            return [(row[0], row[1]) for row in db.execute("SELECT cluster, config_hash FROM submissions")]
+            return [(row[0], row[1]) for row in db.execute("SELECT cluster, config_hash FROM submissions ORDER BY id")]
 
     def events(self, name: str) -> list[str]:
         with self.db() as db:
