@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from servekeeper.model.base import DNS_LABEL, StrictModel
-from servekeeper.model.spec import MAX_SPEC_BYTES, Metadata, SpecError, format_errors
+from servekeeper.model.spec import Metadata, SpecError, format_errors, single_document
 
 HOST_POOL_KIND = "HostPool"
 # RFC 1123 host names: dot-separated labels of letters, digits and '-'.
@@ -233,15 +232,7 @@ def read_single_document(path: Path) -> Any:
         text = path.read_text()
     except OSError as exc:
         raise SpecError([f"(file): cannot read {path}: {exc.strerror}"]) from exc
-    if len(text.encode()) > MAX_SPEC_BYTES:
-        raise SpecError([f"(document): larger than {MAX_SPEC_BYTES} bytes"])
-    try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as exc:
-        raise SpecError([f"(document): not valid YAML: {exc}"]) from exc
-    if len(documents) != 1:
-        raise SpecError([f"(document): expected exactly one YAML document, found {len(documents)}"])
-    return documents[0]
+    return single_document(text)
 
 
 def load_host_pool_file(path: Path) -> HostPoolSpec:

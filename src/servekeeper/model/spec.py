@@ -318,8 +318,8 @@ def parse_spec(document: Any) -> ServiceSpec:
     return spec
 
 
-def load_spec_text(text: str, base_dir: Path | None = None) -> ServiceSpec:
-    """Parse YAML text. A relative workingDir is resolved against base_dir (the file's folder)."""
+def single_document(text: str) -> Any:
+    """The one YAML document of `text`, or SpecError (too large, not YAML, several)."""
     if len(text.encode()) > MAX_SPEC_BYTES:
         raise SpecError([f"(document): larger than {MAX_SPEC_BYTES} bytes"])
     try:
@@ -328,7 +328,12 @@ def load_spec_text(text: str, base_dir: Path | None = None) -> ServiceSpec:
         raise SpecError([f"(document): not valid YAML: {exc}"]) from exc
     if len(documents) != 1:
         raise SpecError([f"(document): expected exactly one YAML document, found {len(documents)}"])
-    spec = parse_spec(documents[0])
+    return documents[0]
+
+
+def load_spec_text(text: str, base_dir: Path | None = None) -> ServiceSpec:
+    """Parse YAML text. A relative workingDir is resolved against base_dir (the file's folder)."""
+    spec = parse_spec(single_document(text))
     working_dir = spec.spec.rayClusterConfig.workingDir
     if working_dir is not None and base_dir is not None and "://" not in working_dir:
         resolved = (base_dir / working_dir).resolve()
