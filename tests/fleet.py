@@ -221,8 +221,6 @@ def _sshd_config(host: FleetHost, authorized_keys: Path) -> str:
             "PermitRootLogin prohibit-password",
             "UsePAM no",
             "StrictModes no",  # the keys live in a pytest temp dir
-            "MaxStartups 100:30:200",
-            "MaxSessions 50",
             "Subsystem sftp internal-sftp",
             "LogLevel VERBOSE",
             "",
