@@ -165,7 +165,7 @@ def test_restart_workers_counts_each_restart_and_stops_at_the_limit() -> None:
 
     updated = restart_workers(ctx, active, exited=(11, 12))
 
-    assert ctx.plan.actions == [act.RestartWorkers("svc-1", (11,))]
+    assert ctx.plan.actions == [act.RestartNodes("svc-1", (11,))]
     assert updated.worker_pids == (12,)
     assert [(n.pid, n.restarts) for n in updated.nodes] == [(None, 1), (12, MAX_WORKER_RESTARTS)]
     assert ctx.clusters["svc-1"] == updated

@@ -11,7 +11,7 @@ from servekeeper.core.planner import MAX_WORKER_RESTARTS, plan
 from servekeeper.model.enums import AppSource, AppStatus, ClusterRole, SwitchGate
 from servekeeper.model.observation import AppState, IngressRouteObservation, Observation
 from servekeeper.model.records import NodePlacement, NodePorts
-from servekeeper.model.spec import ServiceSpec, parse_spec
+from servekeeper.model.spec import ServiceSpec, SpecError, parse_spec
 from servekeeper.testing.sim import SimCluster, SimWorld
 
 
@@ -467,7 +467,7 @@ def test_a_worker_node_that_exited_is_started_again_where_it_was_not_replaced_wi
     nodes = _with_pool_nodes(world, active.name)
     world.sim[active.name].exited_workers = (102,)
     decision = world.tick()
-    assert act.RestartWorkers(active.name, (102,)) in decision.actions
+    assert act.RestartNodes(active.name, (102,)) in decision.actions
     assert not [a for a in decision.actions if isinstance(a, act.CreateCluster)]
     assert any(e.reason == "WorkerRestarting" and "h2" in e.message for e in decision.events)
     restarted = world.clusters[active.name].nodes[2]
@@ -490,6 +490,61 @@ def test_a_worker_that_keeps_exiting_is_restarted_a_bounded_number_of_times_then
     assert world.with_role(ClusterRole.PENDING) == [], "within the threshold: kept"
     world.run_for(15)
     assert world.with_role(ClusterRole.PENDING), "unhealthy past the threshold: replaced"
+
+
+def _gcs_kept(**overrides: Any) -> ServiceSpec:
+    config = {"hostPool": "fleet", "head": {"numCpus": 1}, "gcsFaultTolerance": {"backend": "rocksdb"}}
+    return make_spec(rayClusterConfig=config, **overrides)
+
+
+def test_with_gcs_fault_tolerance_an_exited_head_is_started_again_in_place_and_the_cluster_kept() -> None:
+    world = rolled_out(SimWorld(_gcs_kept(serviceUnhealthySecondThreshold=30)))
+    active = world.with_role(ClusterRole.ACTIVE)[0]
+    nodes = _with_pool_nodes(world, active.name)
+    submitted = len(world.submissions)
+    world.sim[active.name].head_alive = False  # its host answered: exited for sure
+    decision = world.tick()
+    assert act.RestartNodes(active.name, (100,)) in decision.actions
+    assert any(e.reason == "HeadRestarting" and "h0" in e.message for e in decision.events)
+    head = world.clusters[active.name].nodes[0]
+    assert (head.host, head.temp_dir, head.restarts) == ("h0", "/w/n0", 1), "same place, counted"
+    assert head.pid not in (None, 100) and world.clusters[active.name].head_pid == head.pid
+    assert world.clusters[active.name].nodes[1:] == tuple(nodes[1:]), "the workers untouched"
+    world.run_for(40)  # past the unhealthy threshold
+    assert world.with_role(ClusterRole.PENDING) == [] and world.with_role(ClusterRole.ACTIVE)[0].name == active.name
+    assert world.condition("Ready") and len(world.submissions) == submitted, "no new cluster, no PUT"
+
+
+def test_with_gcs_fault_tolerance_a_head_that_keeps_exiting_is_restarted_a_bounded_number_of_times() -> None:
+    world = rolled_out(SimWorld(_gcs_kept(serviceUnhealthySecondThreshold=30)))
+    active = world.with_role(ClusterRole.ACTIVE)[0]
+    _with_pool_nodes(world, active.name)
+    world.sim[active.name].head_alive = False
+    world.sim[active.name].head_keeps_exiting = True
+    world.run_for(20)
+    assert [e.reason for e in world.events].count("HeadRestarting") == MAX_WORKER_RESTARTS
+    world.run_for(15)
+    assert world.with_role(ClusterRole.PENDING), "unhealthy past the threshold: replaced"
+
+
+def test_a_silent_head_host_is_never_restarted_even_with_gcs_fault_tolerance() -> None:
+    world = rolled_out(SimWorld(_gcs_kept()))
+    active = world.with_role(ClusterRole.ACTIVE)[0]
+    _with_pool_nodes(world, active.name)
+    world.sim[active.name].head_silent = True  # may still run there: a second head would split it
+    world.run_for(10)
+    assert not [e for e in world.events if e.reason == "HeadRestarting"]
+
+
+def test_gcs_fault_tolerance_needs_a_host_pool_for_now() -> None:
+    with pytest.raises(SpecError, match="gcsFaultTolerance: needs a hostPool"):
+        make_spec(rayClusterConfig={"gcsFaultTolerance": {}})
+
+
+def test_gcs_fault_tolerance_is_part_of_the_cluster_shape() -> None:
+    # (unset, it hashes as before it existed: test_pool_placement pins a stored spec's hash)
+    plain = make_spec(rayClusterConfig={"hostPool": "fleet", "head": {"numCpus": 1}})
+    assert _gcs_kept().cluster_spec_hash() != plain.cluster_spec_hash()
 
 
 def test_only_worker_nodes_are_restarted_in_place_never_the_head() -> None:

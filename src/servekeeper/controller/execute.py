@@ -86,8 +86,8 @@ class Executor:
                 cluster = self._retry_due(cluster)
             if cluster is not None:
                 self._start_cluster(cluster)
-        elif isinstance(action, act.RestartWorkers):
-            self._restart_workers(action)
+        elif isinstance(action, act.RestartNodes):
+            self._restart_nodes(action)
         elif isinstance(action, act.SubmitConfig):
             await self.submissions.submit_config(action, service, spec, tick)
         elif isinstance(action, act.UpdateCluster):
@@ -180,6 +180,8 @@ class Executor:
         try:
             await self.provider.start_nodes(cluster, config, record)
             self.start_retries.pop(cluster.name, None)
+            if cluster.head_pid is None and cluster.nodes and cluster.nodes[0].restarts > 0:
+                self._head_restarted(cluster)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -195,6 +197,12 @@ class Executor:
             logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, exc)
             with contextlib.suppress(KeyError):  # whatever stops a start fails that cluster's rollout
                 self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
+
+    def _head_restarted(self, cluster: ClusterRecord) -> None:
+        current = self.store.get_cluster(cluster.name) or cluster
+        head = current.nodes[0]
+        message = f"the head of {cluster.name} runs again on host {head.host} (pid {head.pid}) with its GCS state"
+        self.store.add_events([Event(cluster.service, self.clock(), "Normal", "HeadRestarted", message)])
 
     def _start_failed(self, cluster: ClusterRecord) -> str:
         """Schedule the next try of a node start that failed; what the event says of it. Each
@@ -224,14 +232,16 @@ class Executor:
         nodes = tuple(replace(node, restarts=node.restarts + 1) if node in down else node for node in cluster.nodes)
         return self.store.update_cluster(cluster.name, nodes=nodes)
 
-    def _restart_workers(self, action: act.RestartWorkers) -> None:
+    def _restart_nodes(self, action: act.RestartNodes) -> None:
         """Clear the exited nodes' pids in the record as stored now (a start beside the ticks may
         have recorded others since the tick's look), then start them again."""
         current = self.store.get_cluster(action.cluster)
         if current is None or current.role == ClusterRole.DELETING:
             return
         restarted = self.provider.restarted(current, action.pids)
-        self.store.update_cluster(current.name, nodes=restarted.nodes, worker_pids=restarted.worker_pids)
+        self.store.update_cluster(
+            current.name, nodes=restarted.nodes, worker_pids=restarted.worker_pids, head_pid=restarted.head_pid
+        )
         self._start_cluster(restarted)
 
     def _in_background(
@@ -358,5 +368,6 @@ class Executor:
 
 
 def _down(cluster: ClusterRecord) -> list[NodePlacement]:
-    """The worker nodes of a cluster on a pool not running (their start failed, or is due)."""
-    return [node for node in cluster.nodes[1:] if node.pid is None and not node.stopped]
+    """The nodes of a cluster on a pool not running (their start failed, or is due): workers, and
+    a head started again in place (GCS fault tolerance)."""
+    return [node for node in cluster.nodes if node.pid is None and not node.stopped]

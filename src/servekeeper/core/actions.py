@@ -22,8 +22,8 @@ class StartCluster:
 
 
 @dataclass(frozen=True)
-class RestartWorkers:
-    """Start these worker nodes (by pid: they exited) again where they were, in the cluster as
+class RestartNodes:
+    """Start these nodes (by pid: they exited) again where they were, in the cluster as
     it is stored when this runs (a start beside the tick may have recorded other nodes since)."""
 
     cluster: str
@@ -100,7 +100,7 @@ class ForgetService:
 Action = (
     CreateCluster
     | StartCluster
-    | RestartWorkers
+    | RestartNodes
     | SubmitConfig
     | UpdateCluster
     | UpdateClusters

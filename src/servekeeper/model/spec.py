@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from servekeeper.model.base import DNS_LABEL, StrictModel
-from servekeeper.model.cluster_spec import RayClusterConfigSpec, fractional_resource_problems
+from servekeeper.model.cluster_spec import RayClusterConfigSpec, fractional_resource_problems, gcs_problems
 
 MAX_SPEC_BYTES = 1_000_000
 
@@ -266,8 +266,9 @@ class ServiceSpec(StrictModel):
             for key in ("numGpus", "memory", "host"):
                 if group.get(key) is None:
                     group.pop(key, None)
-        if shape.get("hostPool") is None:
-            shape.pop("hostPool", None)
+        for key in ("hostPool", "gcsFaultTolerance"):
+            if shape.get(key) is None:
+                shape.pop(key, None)
         return _digest(shape)
 
     def serve_config_hash(self) -> str:
@@ -312,7 +313,7 @@ def parse_spec(document: Any) -> ServiceSpec:
         spec = ServiceSpec.model_validate(document)
     except ValidationError as exc:
         raise SpecError(format_errors(exc)) from exc
-    problems = fractional_resource_problems(spec.spec.rayClusterConfig)
+    problems = fractional_resource_problems(spec.spec.rayClusterConfig) + gcs_problems(spec.spec.rayClusterConfig)
     if problems:
         raise SpecError(problems)
     return spec

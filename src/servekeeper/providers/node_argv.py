@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import HostSpec
 from servekeeper.model.records import NodePlacement, NodePorts
 from servekeeper.providers.ray_start import node_port_args
@@ -83,6 +84,27 @@ def worker_argv(
     host: HostSpec, temp_dir: str, gcs_address: str, ports: NodePorts, resources: Sequence[str] = ()
 ) -> list[str]:
     return _ray_start(host, temp_dir, ports, [f"--address={gcs_address}"], resources)
+
+
+# How long a worker's raylet waits for a head that went away before it exits: with GCS fault
+# tolerance the head is started again in place, and its workers must still be there for it.
+GCS_RECONNECT_SECONDS = 300
+
+
+def gcs_storage_dir(head_temp_dir: str) -> str:
+    """Beside the head's temp dir, not in it: a node's stop removes its temp dir, and the head
+    started again in place must find its tables; the cluster's dir (removed once the whole
+    cluster is stopped) holds both."""
+    return f"{head_temp_dir}.gcs"
+
+
+def gcs_env(config: RayClusterConfigSpec, role: Literal["head", "worker"], head_temp_dir: str) -> dict[str, str]:
+    """The environment a node needs for the cluster's GCS fault tolerance (none without it)."""
+    if config.gcsFaultTolerance is None:
+        return {}
+    if role == "head":
+        return {"RAY_gcs_storage": "rocksdb", "RAY_gcs_storage_path": gcs_storage_dir(head_temp_dir)}
+    return {"RAY_gcs_rpc_server_reconnect_timeout_s": str(GCS_RECONNECT_SECONDS)}
 
 
 def remote_node(node: NodePlacement, pid: int | None = None, session_id: int | None = None) -> RemoteNode:

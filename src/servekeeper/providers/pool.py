@@ -39,7 +39,7 @@ from servekeeper.providers.cluster_token import (
     token_dir,
     token_file,
 )
-from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
+from servekeeper.providers.node_argv import HeadPorts, gcs_env, head_argv, remote_node, worker_argv
 from servekeeper.providers.pool_liveness import look
 from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, host_rooms, place_cluster
 from servekeeper.providers.ray_start import group_args
@@ -210,7 +210,8 @@ class PoolProvider:
             for node in cluster.nodes
         )
         worker_pids = tuple(pid for pid in cluster.worker_pids if pid not in gone)
-        return cluster.with_changes(nodes=nodes, worker_pids=worker_pids)
+        head_pid = None if cluster.head_pid in gone else cluster.head_pid  # a head started again in place
+        return cluster.with_changes(nodes=nodes, worker_pids=worker_pids, head_pid=head_pid)
 
     async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
         """Start the nodes not running yet, head first; each node's pid is recorded as it runs.
@@ -228,9 +229,8 @@ class PoolProvider:
         async def launch(cluster: ClusterRecord, index: int, argv: list[str], token_path: str) -> ClusterRecord:
             node = nodes[index]
             role: Literal["head", "worker"] = "head" if index == 0 else "worker"
-            started = await ssh.start_node(
-                node.host, role, argv, node.temp_dir, node.ports, token_path, groups[index].env
-            )
+            env = {**groups[index].env, **gcs_env(config, role, nodes[0].temp_dir)}
+            started = await ssh.start_node(node.host, role, argv, node.temp_dir, node.ports, token_path, env)
             nodes[index] = replace(node, pid=started.pid, session_id=started.session_id)
             updated = _with_nodes(cluster, nodes)
             record(**self._launched(original, updated))

@@ -53,6 +53,7 @@ class SimCluster:
     silent_workers: int = 0  # worker nodes on hosts that do not answer (dead, maybe still running)
     workers_keep_exiting: bool = False  # a restarted worker exits again at once
     head_silent: bool = False  # the head's host does not answer (unknown: the head may still run)
+    head_keeps_exiting: bool = False  # a head started again in place exits again at once
 
 
 @dataclass
@@ -242,8 +243,8 @@ class SimWorld:
         elif isinstance(action, act.StartCluster):
             self.clusters[action.cluster] = self.clusters[action.cluster].with_changes(head_pid=99)
             self.sim[action.cluster].started_at = self.now
-        elif isinstance(action, act.RestartWorkers):  # started again at once, under new pids
-            self._restart_workers(action)
+        elif isinstance(action, act.RestartNodes):  # started again at once, under new pids
+            self._restart_nodes(action)
         elif isinstance(action, act.SubmitConfig):
             self._submit(action)
         elif isinstance(action, act.UpdateClusters):
@@ -289,15 +290,18 @@ class SimWorld:
         template = self.behaviours[index] if index < len(self.behaviours) else self.default_behaviour
         self.sim[name] = SimCluster(**{**template.__dict__, "started_at": self.now, "config_at": None})
 
-    def _restart_workers(self, action: act.RestartWorkers) -> None:
+    def _restart_nodes(self, action: act.RestartNodes) -> None:
         cluster = self.clusters[action.cluster]
         nodes = tuple(
             replace(n, pid=next(self._pids), restarts=n.restarts + 1) if n.pid in action.pids else n
             for n in cluster.nodes
         )
         workers = tuple(n.pid for n in nodes[1:] if n.pid is not None)
-        self.clusters[action.cluster] = cluster.with_changes(nodes=nodes, worker_pids=workers)
+        head_pid = nodes[0].pid if nodes and cluster.head_pid in action.pids else cluster.head_pid
+        self.clusters[action.cluster] = cluster.with_changes(nodes=nodes, worker_pids=workers, head_pid=head_pid)
         behaviour = self.sim[action.cluster]
+        if cluster.head_pid in action.pids:  # started again in place: its GCS state (and the apps) kept
+            behaviour.head_alive = not behaviour.head_keeps_exiting
         pairs = zip(nodes, cluster.nodes, strict=True)
         restarted = tuple(n.pid for n, old in pairs if old.pid in action.pids and n.pid is not None)
         behaviour.exited_workers = restarted if behaviour.workers_keep_exiting else ()

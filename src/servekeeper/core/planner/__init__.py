@@ -19,7 +19,7 @@ from servekeeper.core.planner.context import Plan, PlanContext
 from servekeeper.core.planner.pending import advance_pending
 from servekeeper.core.planner.serve import record_deployed_configs
 from servekeeper.core.planner.traffic import delete_service, drain, finish_acknowledged_switch, maintain_route
-from servekeeper.core.planner.workers import MAX_WORKER_RESTARTS, restart_interrupted_work
+from servekeeper.core.planner.workers import MAX_WORKER_RESTARTS, restart_exited_heads, restart_interrupted_work
 from servekeeper.model.enums import ClusterRole, SwitchGate
 from servekeeper.model.observation import Observation
 from servekeeper.model.records import ClusterRecord, ServiceRecord
@@ -46,6 +46,7 @@ def run(ctx: PlanContext) -> Plan:
         delete_service(ctx)
         return ctx.plan
     restart_interrupted_work(ctx)
+    restart_exited_heads(ctx)
     record_deployed_configs(ctx)
     finish_acknowledged_switch(ctx)
     pending = ctx.newest(ClusterRole.PENDING)

@@ -1,11 +1,12 @@
-"""Cluster processes: starting what an interrupted tick left unstarted, and starting again the
-worker nodes that exited (as KubeRay recreates a worker pod), a bounded number of times."""
+"""Cluster processes: starting what an interrupted tick left unstarted, starting again the
+worker nodes that exited (as KubeRay recreates a worker pod), and, with GCS fault tolerance, a
+head that exited, in place; each a bounded number of times."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from servekeeper.core.actions import DeleteCluster, RestartWorkers, StartCluster
+from servekeeper.core.actions import DeleteCluster, RestartNodes, StartCluster
 from servekeeper.core.planner.context import PlanContext
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
@@ -39,6 +40,40 @@ def restart_interrupted_work(ctx: PlanContext) -> None:
             ctx.do(StartCluster(cluster.name))
 
 
+def keeps_gcs_state(cluster: ClusterRecord) -> bool:
+    return RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).gcsFaultTolerance is not None
+
+
+def restart_exited_heads(ctx: PlanContext) -> None:
+    """With GCS fault tolerance, a head whose process exited on a host that answered is started
+    again where it was, on the same ports and with the same GCS storage: the workers reconnect
+    to it and Serve's controller recovers its apps from it, so the cluster is kept (its health
+    still counts: one that stays unhealthy past the threshold is replaced as ever). A head on a
+    silent host is unknown (it may still run), never restarted; a head past its restart budget
+    stays down, and the cluster is judged without it (HeadDied, or replaced)."""
+    for cluster in list(ctx.clusters.values()):
+        if cluster.role == ClusterRole.DELETING or not cluster.nodes or cluster.name not in ctx.observation.clusters:
+            continue
+        observed = ctx.observed(cluster)
+        head = cluster.nodes[0]
+        if cluster.head_pid is None or head.pid is None or head.stopped or observed.processes_alive:
+            continue
+        if observed.head_silent_since is not None or head.restarts >= MAX_WORKER_RESTARTS:
+            continue
+        if not keeps_gcs_state(cluster):
+            continue
+        ctx.do(RestartNodes(cluster.name, (head.pid,)))
+        cause = f": {observed.error}" if observed.error else ""
+        ctx.event(
+            "HeadRestarting",
+            f"the head of {cluster.name} (pid {head.pid}) exited on host {head.host}; starting it again there "
+            f"with its GCS state (restart {head.restarts + 1} of at most {MAX_WORKER_RESTARTS}){cause}",
+            warning=True,
+        )
+        restarted = replace(head, pid=None, session_id=None, restarts=head.restarts + 1)
+        ctx.set_planned(cluster.with_changes(nodes=(restarted, *cluster.nodes[1:]), head_pid=None))
+
+
 def restart_workers(ctx: PlanContext, cluster: ClusterRecord, exited: tuple[int, ...]) -> ClusterRecord:
     """Worker nodes whose process exited are started again where they were (as KubeRay
     recreates a worker pod): the cluster is not replaced for a lost worker. Only nodes
@@ -48,7 +83,7 @@ def restart_workers(ctx: PlanContext, cluster: ClusterRecord, exited: tuple[int,
     gone = restartable(cluster, exited)
     if not gone:
         return cluster
-    ctx.do(RestartWorkers(cluster.name, tuple(node.pid for node in gone if node.pid is not None)))
+    ctx.do(RestartNodes(cluster.name, tuple(node.pid for node in gone if node.pid is not None)))
     causes = ctx.observed(cluster).exit_causes
     for node in gone:
         # The node's last log lines: why it exited, so that an operator need not go to the host.
@@ -64,4 +99,4 @@ def restart_workers(ctx: PlanContext, cluster: ClusterRecord, exited: tuple[int,
         replace(n, pid=None, session_id=None, restarts=n.restarts + 1) if n in gone else n for n in cluster.nodes
     )
     updated = cluster.with_changes(nodes=nodes, worker_pids=tuple(p for p in cluster.worker_pids if p not in pids))
-    return ctx.set_planned(updated)  # the controller writes it (RestartWorkers), from the stored record
+    return ctx.set_planned(updated)  # the controller writes it (RestartNodes), from the stored record
