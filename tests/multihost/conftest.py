@@ -3,9 +3,12 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from servekeeper.testing.harness import Servekeeper
 from tests.fleet import Fleet, fleet_of, fleet_unavailable_reason
 
 
@@ -19,3 +22,24 @@ def fleet() -> Iterator[Fleet]:
     # Short path: hosts' work dirs and sshd files live here.
     with fleet_of(Path(tempfile.mkdtemp(prefix="skfleet-"))) as built:
         yield built
+
+
+@pytest.fixture(scope="module")
+def pool_daemon(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servekeeper]:
+    """A daemon of its own for a test module on the fleet; at its end nothing may be left running,
+    here or on any host."""
+    sk = Servekeeper(Path(tempfile.mkdtemp(prefix="skstate-")), tmp_path_factory.mktemp("daemon"))
+    sk.up()
+    try:
+        yield sk
+    finally:
+        leftovers = sk.down_and_check_nothing_left()
+        assert not leftovers, f"processes left behind: {leftovers}"
+        assert not fleet.leftover_processes(), f"left on the hosts: {fleet.leftover_processes()}"
+
+
+def apply_yaml(sk: Servekeeper, document: dict[str, Any], label: str) -> None:
+    """`servekeeper apply -f` of `document`, written to the daemon's work dir as `label`.yaml."""
+    path = sk.workdir / f"{label}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    sk.cli("apply", "-f", str(path))

@@ -9,18 +9,16 @@ import contextlib
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from servekeeper.testing.harness import HELLO_APP, Servekeeper, free_port, wait_until
 from servekeeper.testing.load import Load
 from tests.fleet import Fleet
+from tests.multihost.conftest import apply_yaml
 from tests.multihost.test_service_on_fleet import tagged_pids
 
 pytestmark = [pytest.mark.multihost, pytest.mark.ray, pytest.mark.timeout(900)]
@@ -56,37 +54,20 @@ def spec(fleet: Fleet, port: int, version: int) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def daemon(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servekeeper]:
-    sk = Servekeeper(Path(tempfile.mkdtemp(prefix="skstate-")), tmp_path_factory.mktemp("tight"))
-    sk.up()
-    try:
-        yield sk
-    finally:
-        leftovers = sk.down_and_check_nothing_left()
-        assert not leftovers, f"processes left behind: {leftovers}"
-        assert not fleet.leftover_processes(), f"left on the hosts: {fleet.leftover_processes()}"
-
-
-def apply(sk: Servekeeper, document: dict[str, Any], label: str) -> None:
-    path = sk.workdir / f"{label}.yaml"
-    path.write_text(yaml.safe_dump(document))
-    sk.cli("apply", "-f", str(path))
-
-
 def test_a_head_env_upgrade_on_three_two_cpu_hosts_under_load_happens_and_drops_nothing(
-    daemon: Servekeeper, fleet: Fleet
+    pool_daemon: Servekeeper, fleet: Fleet
 ) -> None:
+    daemon = pool_daemon
     port = free_port()
-    apply(daemon, fleet.host_pool_document(POOL, cpus=2), "pool")
-    apply(daemon, spec(fleet, port, 1), "v1")
+    apply_yaml(daemon, fleet.host_pool_document(POOL, cpus=2), "pool")
+    apply_yaml(daemon, spec(fleet, port, 1), "v1")
     assert daemon.wait(NAME, timeout=300) == 0, daemon.cli("events", NAME).stdout[-3000:]
     old = dict(daemon.api_get(NAME)["activeCluster"])
     old_dirs = node_dirs_of(daemon, old["name"])
     with busy_cores(2), Load(f"http://127.0.0.1:{port}/", clients=8, new_connections=True, timeout=10) as load:
         wait_until(lambda: load.result.ok > 30, 30, "load to start")
         applied_at = time.monotonic()
-        apply(daemon, spec(fleet, port, 2), "v2")
+        apply_yaml(daemon, spec(fleet, port, 2), "v2")
         code = daemon.wait(NAME, timeout=600)
         switched_s = time.monotonic() - applied_at
         time.sleep(2)

@@ -210,7 +210,9 @@ def test_no_block_fits_in_a_range_smaller_than_a_block() -> None:
     ("argv", "message"),
     [
         pytest.param(
-            [], "usage: node_agent {prepare,launch,alive,tail,stop,forget,ports,free} < request.json", id="no-command"
+            [],
+            "usage: node_agent {prepare,launch,alive,gcs_kept,tail,stop,forget,ports,free} < request.json",
+            id="no-command",
         ),
         pytest.param(["reboot"], "unknown command reboot", id="unknown"),
     ],
@@ -334,3 +336,11 @@ async def test_the_controller_side_drives_the_agent_through_a_shell(tmp_path: Pa
             os.killpg(node.session_id, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def test_gcs_kept_says_whether_a_head_storage_still_holds_its_session(tmp_path: Path) -> None:
+    storage = tmp_path / "n0.gcs"
+    assert node_agent.run("gcs_kept", {"dir": str(storage)}) == {"kept": False}, "never written, or wiped"
+    storage.mkdir()
+    (storage / "session_name").write_text("session_2026-12-01_20-00-00_000000_1")
+    assert node_agent.run("gcs_kept", {"dir": str(storage)}) == {"kept": True}

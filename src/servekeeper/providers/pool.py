@@ -39,7 +39,7 @@ from servekeeper.providers.cluster_token import (
     token_dir,
     token_file,
 )
-from servekeeper.providers.node_argv import HeadPorts, gcs_env, head_argv, remote_node, worker_argv
+from servekeeper.providers.node_argv import HeadPorts, gcs_env, gcs_storage_dir, head_argv, remote_node, worker_argv
 from servekeeper.providers.pool_liveness import look
 from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, host_rooms, place_cluster
 from servekeeper.providers.ray_start import group_args
@@ -246,6 +246,7 @@ class PoolProvider:
             host = ssh.host(node.host)
             resources = group_args(groups[index])
             if index == 0:
+                await _gcs_state_still_there(ssh, node, config)
                 ports = cluster.ports
                 head = HeadPorts(ports.gcs, ports.dashboard, ports.client_server)
                 argv = head_argv(host, node.temp_dir, head, node.ports, resources)
@@ -322,6 +323,18 @@ class PoolProvider:
             self._tokens.pop(cluster.name, None)
             token_file(self.token_dir, cluster.name).unlink(missing_ok=True)
         return leftovers
+
+
+async def _gcs_state_still_there(ssh: SshNodes, head: NodePlacement, config: RayClusterConfigSpec) -> None:
+    """A head started again in place needs its GCS tables: without them (its host rebooted and
+    wiped its work dir) it would come up as a new, empty cluster with none of the service's apps."""
+    if config.gcsFaultTolerance is None or head.restarts == 0:
+        return
+    if not await ssh.gcs_state_kept(head.host, gcs_storage_dir(head.temp_dir)):
+        raise PermanentProviderError(
+            f"the GCS state of the head on host {head.host} is gone ({gcs_storage_dir(head.temp_dir)}): "
+            "it is not started again on an empty store"
+        )
 
 
 async def _to_the_end(work: Coroutine[Any, Any, T]) -> T:

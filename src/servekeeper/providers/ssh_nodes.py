@@ -41,7 +41,6 @@ TERM_GRACE_SECONDS = 3.0
 KILL_GRACE_SECONDS = 3.0
 
 
-
 class NodeUnreachable(HostUnreachable):
     """A node's host did not answer; the node may still run there. Retry later; never forget it."""
 
@@ -165,6 +164,11 @@ class SshNodes:
         connection = self.connection(host)
         await with_retries(lambda: connection.write_file(path, token.encode(), mode=0o600))
         return path
+
+    async def gcs_state_kept(self, host: str, storage_dir: str) -> bool:
+        """Does the head's GCS storage on `host` still hold its cluster's session?"""
+        answer = await self._call(host, "gcs_kept", {"dir": storage_dir})
+        return bool(answer["kept"])
 
     async def forget_cluster(self, host: str, cluster: str) -> None:
         """Remove the cluster's dir on `host` (its token file and node logs); call it once every

@@ -212,6 +212,13 @@ def alive(request: Request) -> Answer:
     }
 
 
+def gcs_kept(request: Request) -> Answer:
+    """Does a head's GCS storage still hold a session (Ray writes its name there at the first
+    start)? A host that rebooted with its /tmp wiped answers no: the head must not be started
+    again "in place" on an empty store, as a fresh cluster without the service's apps."""
+    return {"kept": os.path.isfile(os.path.join(request["dir"], "session_name"))}
+
+
 def tail(request: Request) -> Answer:
     """The end of a node's log (what it said before it exited): its last `bytes` bytes, never
     through a symlink."""
@@ -282,6 +289,7 @@ COMMANDS: dict[str, Callable[[Request], Answer]] = {
     "prepare": prepare,
     "launch": launch,
     "alive": alive,
+    "gcs_kept": gcs_kept,
     "tail": tail,
     "stop": stop,
     "forget": forget,
