@@ -4,8 +4,9 @@
 Controls: `refuse[host]` / `silent[host]` (what a probe of that host raises), `fail_launch[host]`
 (what a launch there raises), `logs[temp_dir]` (what a node logged), `launch_gate` (a node launch
 waits for it on the host; cancelling the caller does not stop it), `leftovers[temp_dir]` (pids a
-stop of that node leaves alive). It keeps `running` (temp dir -> the node), `tokens` (path ->
-content), `stopped` (the nodes each stop got) and the `calls` it got.
+stop of that node leaves alive), `gcs_lost` (GCS storage dirs found empty). It keeps `running`
+(temp dir -> the node), `envs` (temp dir -> its launch's env), `tokens` (path -> content),
+`stopped` (the nodes each stop got) and the `calls` it got.
 
 Below it, `FakeSshConnection`: an asyncssh connection with only an SFTP client over a local
 directory, for what `HostConnection` does with files."""
@@ -39,6 +40,8 @@ class FakeFleet:
         self.logs: dict[str, str] = {}  # temp dir -> what its node logged
         self.launching = asyncio.Event()  # set once a launch has begun (and waits for the gate)
         self.leftovers: dict[str, list[int]] = {}
+        self.gcs_lost: set[str] = set()  # GCS storage dirs whose session is gone (a rebooted host)
+        self.envs: dict[str, dict[str, str]] = {}  # temp dir -> the env of its last launch
         self.running: dict[str, RemoteNode] = {}
         self.tokens: dict[str, str] = {}
         self.calls: list[tuple[str, str]] = []  # (method, host or temp dir)
@@ -120,12 +123,17 @@ class FakeSshNodes(SshNodes):
         env: Mapping[str, str] | None = None,
     ) -> RemoteNode:
         self.fleet.calls.append(("launch", temp_dir))
+        self.fleet.envs[temp_dir] = dict(env or {})
         if host in self.fleet.fail_launch:
             raise self.fleet.fail_launch[host]
         # The command is on its way: the host starts the node whatever becomes of this call.
         on_host = asyncio.ensure_future(self.fleet.launch_on_host(self.host(host), role, temp_dir, ports))
         self.fleet.launches.append(on_host)
         return await asyncio.shield(on_host)
+
+    async def gcs_state_kept(self, host: str, storage_dir: str) -> bool:
+        self.fleet.calls.append(("gcs_kept", storage_dir))
+        return storage_dir not in self.fleet.gcs_lost
 
     async def alive(self, node: RemoteNode, timeout: float | None = None) -> bool:
         if node.host in self.fleet.silent:

@@ -93,9 +93,7 @@ class World:
         return await self.dataplane.routes()
 
     async def scrape(self) -> Samples:
-        metrics = Metrics(
-            self.store, self.counters, self.controller.status_snapshot, self.routes, self.backend_stats
-        )
+        metrics = Metrics(self.store, self.counters, self.controller.status_snapshot, self.routes, self.backend_stats)
         return parse((await metrics.render()).decode())
 
     def active(self) -> str:
@@ -118,7 +116,14 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     provider, serve, dataplane, clock = FakeProvider(), FakeServe(), FakeDataPlane(), FakeClock()
     counters = ControllerMetrics()
     controller = Controller(
-        store, provider, dataplane, session, tmp_path, clock=clock, serve=serve, metrics=counters  # type: ignore[arg-type]
+        store,
+        provider,
+        dataplane,
+        session,
+        tmp_path,
+        clock=clock,
+        serve=serve,
+        metrics=counters,  # type: ignore[arg-type]
     )
     try:
         yield World(store, serve, dataplane, clock, controller, counters)
@@ -146,7 +151,12 @@ async def test_a_first_rollout_shows_in_every_series(world: World) -> None:
     world.serve.set_status("RUNNING")
     world.stats = {
         pending.name: BackendStats(
-            pending.name, rq_total=12, rq_2xx=10, rq_4xx=1, rq_5xx=1, rq_active=3,
+            pending.name,
+            rq_total=12,
+            rq_2xx=10,
+            rq_4xx=1,
+            rq_5xx=1,
+            rq_active=3,
             latency_ms_buckets={0.5: 1, 25.0: 9, 3600000.0: 12},
         )
     }

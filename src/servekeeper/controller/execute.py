@@ -172,16 +172,20 @@ class Executor:
             self._in_background(cluster, f"start-{cluster.name}", self._start_nodes(cluster, config))
 
     async def _start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        head_started = False
+
         def record(**changes: Any) -> None:
+            nonlocal head_started
             updated = self.store.update_cluster(cluster.name, **changes)
             if updated.head_pid is not None and cluster.head_pid is None:
+                if not head_started and updated.nodes and updated.nodes[0].restarts > 0:
+                    self._head_restarted(updated)
+                head_started = True
                 self.hooks.reached("pending-started", updated)
 
         try:
             await self.provider.start_nodes(cluster, config, record)
             self.start_retries.pop(cluster.name, None)
-            if cluster.head_pid is None and cluster.nodes and cluster.nodes[0].restarts > 0:
-                self._head_restarted(cluster)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -199,8 +203,8 @@ class Executor:
                 self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
 
     def _head_restarted(self, cluster: ClusterRecord) -> None:
-        current = self.store.get_cluster(cluster.name) or cluster
-        head = current.nodes[0]
+        """The head started again in place runs (its pid recorded): its GCS store was found."""
+        head = cluster.nodes[0]
         message = f"the head of {cluster.name} runs again on host {head.host} (pid {head.pid}) with its GCS state"
         self.store.add_events([Event(cluster.service, self.clock(), "Normal", "HeadRestarted", message)])
 

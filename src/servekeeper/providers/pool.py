@@ -30,6 +30,7 @@ from servekeeper.providers.base import (
     PermanentProviderError,
     ProviderError,
     RecordChanges,
+    RetryableProviderError,
 )
 from servekeeper.providers.cluster_token import (
     auth_headers,
@@ -241,7 +242,11 @@ class PoolProvider:
                 continue
             # A start cut short (controller killed after the launch, before its pid was
             # recorded) may have left this node running: stop it by its tag first.
-            await ssh.stop(remote_node(node, pid=-1, session_id=-1))
+            left = await ssh.stop(remote_node(node, pid=-1, session_id=-1))
+            if left:  # never a second node beside the first (for a head: its ports, its GCS store)
+                raise RetryableProviderError(
+                    f"processes {left} of the {node.role} node on host {node.host} did not stop; not starting it again"
+                )
             token_path = await ssh.install_token(node.host, cluster.name, token)
             host = ssh.host(node.host)
             resources = group_args(groups[index])
