@@ -47,7 +47,9 @@ def spec(fleet: Fleet, port: int) -> dict[str, Any]:
                         "name": "hello",
                         "route_prefix": "/",
                         "import_path": "hello:app",
-                        "args": {"msg": "kept", "replicas": 2, "max_replicas_per_node": 1},
+                        "args": {"msg": "kept", "replicas": 2},
+                        # A CPU each (the code asks none): on the workers, never on the head.
+                        "deployments": [{"name": "Hello", "ray_actor_options": {"num_cpus": 1}}],
                     }
                 ]
             },
@@ -71,6 +73,8 @@ def test_a_killed_head_is_started_again_in_place_and_serve_recovers_without_a_pu
     assert daemon.wait(NAME, timeout=300) == 0, daemon.cli("events", NAME).stdout[-3000:]
     cluster = daemon.api_get(NAME)["activeCluster"]["name"]
     head = nodes_of(daemon, cluster)[0]
+    # An app made at run time (`serve.run` in a driver): Serve keeps it in the GCS too.
+    daemon.cli("job", "submit", NAME, "--working-dir", str(HELLO_APP), "--", "python", "-c", IMPERATIVE)
     puts = len(daemon.submissions())
     with Load(f"http://127.0.0.1:{port}/", clients=CLIENTS, timeout=10) as load:
         wait_until(lambda: load.result.ok > 50, 30, "load to start")
@@ -98,12 +102,10 @@ def test_a_killed_head_is_started_again_in_place_and_serve_recovers_without_a_pu
     assert (now["host"], now["temp_dir"], now["restarts"]) == (head["host"], head["temp_dir"], 1)
     assert now["pid"] != head["pid"] and "HeadRestarting" in events
     assert len(daemon.submissions()) == puts, "Serve recovered its apps from the GCS: no PUT"
-    apps = httpx.get(
-        f"{daemon.api_get(NAME)['activeCluster']['dashboardUrl']}/api/serve/applications/",
-        headers={"Authorization": f"Bearer {token(daemon, cluster)}"},
-        timeout=10,
-    ).json()["applications"]
+    apps = serve_apps(daemon, cluster)
     assert apps["hello"]["status"] == "RUNNING", apps
+    assert apps["extra"]["source"] == "imperative", apps
+    wait_until(lambda: serve_apps(daemon, cluster)["extra"]["status"] == "RUNNING", 60, "the run-time app")
     # Those in flight on the head's proxy when it died (its connections reset: Envoy answers 503;
     # closed-loop clients pile up on the slowest proxy, so up to every client's one request), and
     # a few around it (measured: 16 and 18 of ~2,900 with 16 clients, most at the kill itself).
@@ -115,5 +117,18 @@ def test_a_killed_head_is_started_again_in_place_and_serve_recovers_without_a_pu
     assert result.by_method["POST"] > 0
 
 
-def token(sk: Servekeeper, cluster: str) -> str:
-    return (sk.state_dir / "tokens" / f"{cluster}.token").read_text().strip()
+IMPERATIVE = (
+    "import hello; from ray import serve; "
+    "serve.run(hello.app({'msg': 'extra'}), name='extra', route_prefix='/extra', blocking=False)"
+)
+
+
+def serve_apps(sk: Servekeeper, cluster: str) -> dict[str, Any]:
+    """Serve's applications, from the cluster's dashboard (with its token)."""
+    token = (sk.state_dir / "tokens" / f"{cluster}.token").read_text().strip()
+    answer = httpx.get(
+        f"{sk.api_get(NAME)['activeCluster']['dashboardUrl']}/api/serve/applications/",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
+    return dict(answer.json()["applications"])

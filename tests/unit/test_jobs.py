@@ -5,6 +5,7 @@ client is faked)."""
 from __future__ import annotations
 
 import io
+import shlex
 import sys
 import types
 from pathlib import Path
@@ -49,8 +50,8 @@ def test_a_pool_cluster_job_carries_the_token_and_the_head_hosts_python(tmp_path
     pool = pool_document(("a", 4), ("b", 4))  # both hosts' python: /opt/ray-env/bin/python
     pool["spec"]["hosts"][1]["python"] = "/srv/ray/bin/python3"
     cluster = a_view("fleet")["activeCluster"]
-    headers, python_dir = pool_access(cluster, tmp_path, [pool["spec"]])
-    assert headers == {"Authorization": "Bearer t0k3n"} and python_dir == "/srv/ray/bin"
+    headers, python = pool_access(cluster, tmp_path, [pool["spec"]])
+    assert headers == {"Authorization": "Bearer t0k3n"} and python == "/srv/ray/bin/python3"
 
     with pytest.raises(NoSuchCluster, match="cannot read the token of cluster svc-g1-abc at .*tokens/svc-g1-abc.token"):
         pool_access(cluster, tmp_path / "elsewhere", [pool["spec"]])
@@ -84,14 +85,18 @@ def test_submit_job_sends_the_headers_and_puts_the_heads_python_first(
     monkeypatch.setitem(sys.modules, "ray.job_submission", types.SimpleNamespace(JobSubmissionClient=FakeJobs))
     out = io.StringIO()
     headers = {"Authorization": "Bearer t0k3n"}
-    code = submit_job("http://10.0.0.12:8265", ["python", "x.py"], tmp_path, out, headers, "/srv/ray/bin")
+    code = submit_job("http://10.0.0.12:8265", ["python", "x.py"], tmp_path, out, headers, "/srv/ray/bin/python")
     assert code == 0 and out.getvalue() == "hello from the head\n"
     [client] = FakeJobs.made[-1:]
     assert client.headers == headers
-    assert client.submitted["entrypoint"] == "python x.py"
+    # `python` by its path: the head's PATH may find another first (a pyenv shim: seen on the fleet)
+    assert client.submitted["entrypoint"] == "/srv/ray/bin/python x.py"
     assert client.submitted["runtime_env"]["env_vars"] == {"PATH": "/srv/ray/bin:${PATH}"}  # Ray expands it on the head
 
     submit_job("http://127.0.0.1:8265", ["python", "x.py"], tmp_path, io.StringIO())  # a local cluster
     local = FakeJobs.made[-1]
     assert local.headers is None
     assert local.submitted["runtime_env"]["env_vars"]["PATH"].startswith(str(Path(sys.executable).parent))
+    assert local.submitted["entrypoint"] == shlex.join([sys.executable, "x.py"])
+    submit_job("http://127.0.0.1:8265", ["sh", "-c", "python x.py"], tmp_path, io.StringIO())
+    assert FakeJobs.made[-1].submitted["entrypoint"] == "sh -c 'python x.py'", "only a leading python"

@@ -29,19 +29,17 @@ def job_submit(
     client = common.client(state_dir)
     with common.shown_errors():
         view = client.get(name)
-    headers, python_dir = None, None
+    headers, python = None, None
     try:
         target = pick_cluster(dict(view), cluster)
         if target.get("hostPool"):
             with common.shown_errors():
                 pools = [dict(pool) for pool in client.host_pools(str(target["hostPool"]))]
-            headers, python_dir = pool_access(target, common.state_path(state_dir), pools)
+            headers, python = pool_access(target, common.state_path(state_dir), pools)
     except NoSuchCluster as exc:
         common.errors.print(str(exc), markup=False)
         raise typer.Exit(1) from exc
-    raise typer.Exit(
-        submit_job(str(target["dashboardUrl"]), entrypoint, working_dir, headers=headers, python_dir=python_dir)
-    )
+    raise typer.Exit(submit_job(str(target["dashboardUrl"]), entrypoint, working_dir, headers=headers, python=python))
 
 
 def env_command(

@@ -57,8 +57,8 @@ def pool_token_path(cluster: dict[str, Any], state_dir: Path) -> Path:
 
 def pool_access(cluster: dict[str, Any], state_dir: Path, pools: list[dict[str, Any]]) -> tuple[dict[str, str], str]:
     """What a job on a pool cluster needs: the headers of every call to its dashboard (its token,
-    read from the controller's state dir) and the directory of the Python that runs Ray on its
-    head host (from the host pool)."""
+    read from the controller's state dir) and the Python that runs Ray on its head host (from the
+    host pool)."""
     from servekeeper.providers.cluster_token import auth_headers
 
     path = pool_token_path(cluster, state_dir)
@@ -73,7 +73,7 @@ def pool_access(cluster: dict[str, Any], state_dir: Path, pools: list[dict[str, 
     hosts = [host for pool in pools for host in pool.get("hosts", []) if host.get("name") == head]
     if not hosts:
         raise NoSuchCluster(f"the head host {head!r} of cluster {cluster['name']} is not in its host pool")
-    return auth_headers(token), posixpath.dirname(str(hosts[0]["python"]))
+    return auth_headers(token), str(hosts[0]["python"])
 
 
 def submit_job(
@@ -82,22 +82,26 @@ def submit_job(
     working_dir: Path,
     out: TextIO = sys.stdout,
     headers: dict[str, str] | None = None,
-    python_dir: str | None = None,
+    python: str | None = None,
 ) -> int:
     """Run `entrypoint` as a Ray job on the cluster (its driver runs on the head), with
     `working_dir` uploaded as the job's working_dir; stream its logs; return its exit code.
-    `headers` go with every call (a pool cluster's token); `python_dir` holds the Python that
-    runs Ray on the head (None: the head is this machine, and its Python is this one)."""
+    `headers` go with every call (a pool cluster's token); `python` is the Python that runs Ray
+    on the head (None: the head is this machine, and its Python is this one)."""
     from ray.job_submission import JobSubmissionClient  # slow to import: only for this command
 
     client = JobSubmissionClient(dashboard_url, headers=headers)
     # `python` in the entrypoint must be the Python that runs Ray (as in KubeRay's Ray image), not
     # whatever the head's PATH finds first: on this machine the Python servekeeper runs in; on a
     # pool's host its `python` (Ray expands ${PATH} to the head's own).
-    if python_dir is not None:
-        path = f"{python_dir}{os.pathsep}${{PATH}}"
+    # A leading `python` is that Python by its path: the head's PATH may put another first (a
+    # pyenv shim, from the login environment of the SSH session that started the node).
+    if python is not None:
+        path = f"{posixpath.dirname(python)}{os.pathsep}${{PATH}}"
     else:
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    if entrypoint and entrypoint[0] in ("python", "python3"):
+        entrypoint = [python or sys.executable, *entrypoint[1:]]
     job_id = client.submit_job(
         entrypoint=shlex.join(entrypoint),
         runtime_env={"working_dir": str(working_dir.resolve()), "env_vars": {"PATH": path}},
