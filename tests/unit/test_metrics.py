@@ -23,6 +23,7 @@ from servekeeper.controller.metrics import ControllerMetrics, Metrics, applied_a
 from servekeeper.daemon import JsonLogFormatter
 from servekeeper.dataplane import BackendStats, DataPlaneError, RouteObservation
 from servekeeper.model.enums import ClusterRole
+from servekeeper.model.records import NodePlacement, NodePorts
 from servekeeper.model.spec import ServiceSpec, parse_spec
 from servekeeper.store.store import Store
 from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe
@@ -210,6 +211,21 @@ async def test_an_upgrade_moves_traffic_and_role_series(world: World) -> None:
     assert value(samples, "servekeeper_cluster_inflight_requests", service=NAME, cluster=old) == 5
     assert value(samples, "servekeeper_rollouts_total", service=NAME, result="succeeded") == 2
     assert value(samples, "servekeeper_service_generation", service=NAME) == 2
+
+
+async def test_node_restarts_are_counted_by_role_from_the_record(world: World) -> None:
+    await world.roll_out(make_spec())
+    active = world.active()
+    ports = NodePorts(1, 2, 3, 4, 5, 6, 7, 8)
+    nodes = (
+        NodePlacement("a", "10.0.0.1", "head", ports, "/w/n0", 10, 10, restarts=2),
+        NodePlacement("b", "10.0.0.2", "worker", ports, "/w/n1", 11, 11, restarts=1),
+        NodePlacement("c", "10.0.0.3", "worker", ports, "/w/n2", 12, 12, restarts=3),
+    )
+    world.store.update_cluster(active, nodes=nodes)
+    samples = await world.scrape()
+    assert value(samples, "servekeeper_node_restarts_total", service=NAME, cluster=active, role="head") == 2
+    assert value(samples, "servekeeper_node_restarts_total", service=NAME, cluster=active, role="worker") == 4
 
 
 async def test_failed_and_aborted_rollouts_are_counted(world: World) -> None:

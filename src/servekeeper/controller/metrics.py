@@ -191,6 +191,9 @@ class StateCollector(Collector):
         weights = self._traffic_shares(name, routed)
         for cluster in self.store.list_clusters(name):
             families.traffic.add_metric([name, cluster.name, cluster.role.value], weights.get(cluster.name, 0.0))
+            for role in sorted({node.role for node in cluster.nodes}):  # from the record: kept across restarts
+                count = sum(node.restarts for node in cluster.nodes if node.role == role)
+                families.restarts.add_metric([name, cluster.name, role], count)
             backend = stats.get(cluster.name)
             if backend is not None:
                 families.inflight.add_metric([name, cluster.name], backend.rq_active)
@@ -226,6 +229,7 @@ class _StateFamilies:
     inflight: GaugeMetricFamily
     requests: CounterMetricFamily
     latency: HistogramMetricFamily
+    restarts: CounterMetricFamily
     dataplane_up: GaugeMetricFamily
 
     @classmethod
@@ -264,6 +268,12 @@ class _StateFamilies:
                 "Upstream request time seen by the ingress, per cluster (Envoy's upstream_rq_time).",
                 labels=["service", "cluster"],
             ),
+            restarts=CounterMetricFamily(
+                "servekeeper_node_restarts",
+                "Nodes of the cluster started again in place after their process exited (a head: with GCS "
+                "fault tolerance), by role; failed tries of a start count too.",
+                labels=["service", "cluster", "role"],
+            ),
             dataplane_up=GaugeMetricFamily(
                 "servekeeper_dataplane_stats_up", "1 if every Envoy process answered the stats read of this scrape."
             ),
@@ -278,6 +288,7 @@ class _StateFamilies:
             self.inflight,
             self.requests,
             self.latency,
+            self.restarts,
             self.dataplane_up,
         )
 
