@@ -94,17 +94,24 @@ def one_round(sk: Servekeeper, fleet: Fleet, mode: str, clients: int, settle: fl
     with Load(f"http://127.0.0.1:{port}/", clients=clients, timeout=10) as load:
         wait_until(lambda: load.result.ok > 50, 30, "load to start")
         pids = tagged_pids(head_dir)
+        restarts_before = restarts(sk)
         killed_at = time.time()
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: sk.api_get(NAME)["activeCluster"]["name"] != cluster or restarted(sk), 300, "recovery")
+
+        def recovered() -> bool:
+            return sk.api_get(NAME)["activeCluster"]["name"] != cluster or restarts(sk) > restarts_before
+
+        wait_until(recovered, 300, "the head started again, or a replacement")
         serving_again_s = time.time() - killed_at
         wait_until(lambda: sk.condition(NAME, "Ready")["status"] == "True", 300, "Ready again")
         ready_again_s = time.time() - killed_at
         time.sleep(settle)
         result = load.stop()
+        stopped_at = time.time()
     oks = [when for when, label in result.timeline if when >= killed_at and label in result.bodies]
-    gap = max((b - a for a, b in zip([killed_at, *oks], oks, strict=False)), default=0.0)
+    marks = [killed_at, *oks, stopped_at]
+    gap = max(b - a for a, b in zip(marks, marks[1:], strict=False))
     replaced = sk.api_get(NAME)["activeCluster"]["name"] != cluster
     sk.cli("delete", NAME)
     wait_until(lambda: not sk.clusters(), 180, "the service's clusters stopped")
@@ -121,8 +128,9 @@ def one_round(sk: Servekeeper, fleet: Fleet, mode: str, clients: int, settle: fl
     }
 
 
-def restarted(sk: Servekeeper) -> bool:
-    return "HeadRestarted" in sk.events(NAME)
+def restarts(sk: Servekeeper) -> int:
+    """HeadRestarted events of the service so far (its events outlive a delete: count, compare)."""
+    return sk.events(NAME).count("HeadRestarted")
 
 
 def main() -> None:
