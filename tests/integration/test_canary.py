@@ -154,7 +154,9 @@ def test_a_release_failing_one_request_in_five_is_aborted_by_analysis(shared: Sh
         aborted, message = shared.wait_event("RolloutAborted", applied, timeout=60)
         time.sleep(3)
         result = load.stop()
-    assert aborted - started <= 5 * (1 + 1) + 5, f"aborted {aborted - started:.1f}s after the canary took traffic"
+    # Two failed analysis runs of 5 s each, plus the ticks around them: a bound, not a speed test
+    # (measured 10-15.7 s on the 2 shared cores; speed goes in benchmarks).
+    assert aborted - started <= 5 * (1 + 1) + 15, f"aborted {aborted - started:.1f}s after the canary took traffic"
     assert message.startswith("AnalysisFailed") and "stable" in message, message
     during = [label for when, label in result.timeline if started <= when <= aborted + 1]
     failed = sum(1 for label in during if label == "HTTP 500")
