@@ -1,7 +1,9 @@
 """Issue 19, defect 0, as a new user met it: three hosts of 2 CPUs each behind stock sshd, the
 head pinned on host 1 and two workers, 8 reconnecting clients through the ingress, then an
 `apply` of a changed head env. The new cluster fits beside the old one only just (every host
-runs a node of each), and the machine is busy; the upgrade must still happen, dropping nothing."""
+runs a node of each), and the machine is busy; the upgrade must still happen, dropping nothing.
+A worker whose `ray start` gives up under that load is started again in place, its cause
+(its log's last lines) in the event."""
 
 from __future__ import annotations
 
@@ -80,7 +82,13 @@ def test_a_head_env_upgrade_on_three_two_cpu_hosts_under_load_happens_and_drops_
     )
     assert code == 0, (daemon.api_get(NAME).get("failureReason"), events[-4000:])
     assert daemon.api_get(NAME)["activeCluster"]["name"] != old["name"], events[-4000:]
-    assert "RolloutFailed" not in events and "WorkerRestarting" not in events, events[-4000:]
+    assert "RolloutFailed" not in events, events[-4000:]
+    # Seen in 1 of 6 runs: a worker's `ray start` gave up on a loaded machine (Ray waits a fixed
+    # 30 s for its raylet to register with the GCS: "The current node timed out during
+    # startup"). It is started again where it was, its log's last lines in the event, and the
+    # upgrade goes on (89 s to the switch, 0 failed).
+    restarts = [line for line in events.splitlines() if "WorkerRestarting" in line]
+    assert all("exited on host" in line for line in restarts), restarts
     assert result.failed == 0, result.failures
     assert result.bodies["v2"] > 0 and result.by_method["POST"] > 0
     wait_until(lambda: old["name"] not in {c["name"] for c in daemon.clusters()}, 120, "the old cluster gone")
