@@ -87,8 +87,10 @@ def test_a_head_env_upgrade_on_three_two_cpu_hosts_under_load_happens_and_drops_
     # 30 s for its raylet to register with the GCS: "The current node timed out during
     # startup"). It is started again where it was, its log's last lines in the event, and the
     # upgrade goes on (89 s to the switch, 0 failed).
-    restarts = [line for line in events.splitlines() if "WorkerRestarting" in line]
-    assert all("exited on host" in line for line in restarts), restarts
+    with daemon.db() as db:
+        query = "SELECT message FROM events WHERE service = ? AND reason = 'WorkerRestarting'"
+        restarts = [row[0] for row in db.execute(query, (NAME,))]
+    assert all("exited on host" in message for message in restarts), restarts
     assert result.failed == 0, result.failures
     assert result.bodies["v2"] > 0 and result.by_method["POST"] > 0
     wait_until(lambda: old["name"] not in {c["name"] for c in daemon.clusters()}, 120, "the old cluster gone")
