@@ -10,5 +10,5 @@ python scripts/size_report.py src  # a report, not a gate: README's map names wh
 pytest -q tests/unit tests/dataplane "$@"  # the pure core, adapters, and real Envoy (no Ray)
 # The oldest Python we claim (requires-python >=3.10); setup.sh makes .venv310 or fails.
 .venv310/bin/python -m pytest -q tests/unit "$@"
-pytest -q tests/integration "$@"
-pytest -q tests/multihost "$@"  # a fleet of sshd hosts in network namespaces (root), real Ray over SSH
+pytest -q --durations=30 tests/integration "$@"
+pytest -q --durations=30 tests/multihost "$@"  # a fleet of sshd hosts in network namespaces (root), real Ray over SSH
