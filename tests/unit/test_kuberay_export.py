@@ -15,6 +15,7 @@ from servekeeper.kuberay.export import export_manifest, render_manifest
 from servekeeper.kuberay.notes import SecretRef
 from servekeeper.kuberay.status import kuberay_service, kuberay_status
 from servekeeper.kuberay.translate import import_documents
+from servekeeper.model.cluster_spec import GcsFaultToleranceSpec
 from servekeeper.model.spec import ServiceSpec, load_spec_file, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,6 +113,23 @@ def test_every_field_round_trips_and_secrets_stay_references() -> None:
     assert "secretKeyRef" in text and "name: TOKEN\n" in text and "value: t\n" not in text
     for expected in ("readiness probes", "serveConfigUpdate: NewCluster", "ingress options", "excludes"):
         assert expected in text
+
+
+def test_a_pool_service_with_gcs_fault_tolerance_round_trips() -> None:
+    spec = _spec()
+    config = spec.spec.rayClusterConfig.model_copy(
+        update={
+            "hostPool": "fleet",
+            "gcsFaultTolerance": GcsFaultToleranceSpec(),
+            "head": spec.spec.rayClusterConfig.head.model_copy(update={"host": "host-1"}),
+        }
+    )
+    spec = spec.model_copy(update={"spec": spec.spec.model_copy(update={"rayClusterConfig": config})})
+    text, back = roundtrip(spec)
+    assert back == spec
+    manifest = yaml.safe_load(text)
+    assert manifest["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"] == {"backend": "rocksdb"}
+    assert "hostPool fleet" in text
 
 
 def test_manifest_shape() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from servekeeper.kuberay.fields import REDIS_GCS_REASON
 from servekeeper.kuberay.notes import NoteKind
 from servekeeper.kuberay.quantity import parse_duration_seconds, quantity_value
 from servekeeper.kuberay.translate import ImportResult, import_documents
@@ -134,11 +135,53 @@ def test_ingress_port_annotation_wins_over_serve_config() -> None:
     assert run_import(documents).spec.spec.ingress.port == 9123
 
 
-def test_multi_document_sample_is_refused_for_gcs_fault_tolerance() -> None:
+def test_the_high_availability_sample_is_refused_for_its_redis_with_what_to_use_instead() -> None:
     assert problems(sample_documents("ray-service.high-availability.yaml")) == [
-        "spec.rayClusterConfig.gcsFaultToleranceOptions: GCS fault tolerance (external Redis) is not available on "
-        "this provider; remove it: servekeeper replaces a cluster whose head dies"
+        f"spec.rayClusterConfig.gcsFaultToleranceOptions: {REDIS_GCS_REASON}"
     ]
+    assert "backend: rocksdb" in REDIS_GCS_REASON
+
+
+def pool_extensions(**more: Any) -> dict[str, str]:
+    return {"servekeeper.io/extensions": json.dumps({"hostPool": "fleet", **more})}
+
+
+def test_rocksdb_gcs_fault_tolerance_maps_to_the_field_on_a_pool_named_in_the_extensions() -> None:
+    document = minimal()
+    worker = copy.deepcopy(head(document))
+    worker.update({"groupName": "cpu", "replicas": 2, "minReplicas": 2, "maxReplicas": 2})
+    cluster(document)["workerGroupSpecs"] = [worker]
+    cluster(document)["gcsFaultToleranceOptions"] = {"backend": "rocksdb", "storage": {"size": "1Gi"}}
+    document["metadata"]["annotations"] = pool_extensions(hostPins={"head": "host-1", "cpu": "host-2"})
+    result = run_import([document])
+    config = result.spec.spec.rayClusterConfig
+    assert config.gcsFaultTolerance is not None and config.gcsFaultTolerance.backend == "rocksdb"
+    assert config.hostPool == "fleet"
+    assert (config.head.host, config.workerGroups[0].host) == ("host-1", "host-2")
+    assert ("ignored", "spec.rayClusterConfig.gcsFaultToleranceOptions.storage") in notes(result)
+
+
+def test_rocksdb_without_a_pool_is_refused_naming_the_annotation_to_add() -> None:
+    document = minimal()
+    cluster(document)["gcsFaultToleranceOptions"] = {"backend": "rocksdb"}
+    (problem,) = problems([document])
+    assert problem.startswith("spec.rayClusterConfig.gcsFaultToleranceOptions: ") and '"hostPool"' in problem
+
+
+def test_redis_backend_and_the_ft_enabled_annotation_are_refused() -> None:
+    document = minimal()
+    cluster(document)["gcsFaultToleranceOptions"] = {"backend": "redis", "redisAddress": "redis:6379"}
+    assert problems([document]) == [f"spec.rayClusterConfig.gcsFaultToleranceOptions.backend: {REDIS_GCS_REASON}"]
+    document = minimal()
+    document["metadata"]["annotations"] = {"ray.io/ft-enabled": "true"}
+    assert problems([document]) == [f'metadata.annotations["ray.io/ft-enabled"]: {REDIS_GCS_REASON}']
+
+
+def test_host_pins_name_existing_groups() -> None:
+    document = minimal()
+    document["metadata"]["annotations"] = pool_extensions(hostPins={"gpu": "host-1"})
+    (problem,) = problems([document])
+    assert problem.startswith('metadata.annotations["servekeeper.io/extensions"].hostPins.gpu: no such group')
 
 
 def test_multi_document_file_skips_other_kinds_with_a_warning_naming_them() -> None:

@@ -12,11 +12,13 @@ from typing import Any
 
 from servekeeper.kuberay.fields import (
     CONTAINER_FIELD_REASONS,
+    GCS_FT_OPTIONS,
     IGNORED_CLUSTER_FIELDS,
     IGNORED_HEAD_FIELDS,
     IGNORED_WORKER_FIELDS,
     POD_FIELD_REASONS,
     RAY_VERSION_PATTERN,
+    REDIS_GCS_REASON,
     REFUSED_CLUSTER_FIELDS,
     as_list,
     as_mapping,
@@ -58,7 +60,7 @@ class ClusterTranslation:
             self.findings.refuse(
                 f"{path}.suspend", "suspending is not available; remove it, or run: servekeeper delete NAME"
             )
-        known = {"rayVersion", "headGroupSpec", "workerGroupSpecs", "suspend"}
+        known = {"rayVersion", "headGroupSpec", "workerGroupSpecs", "suspend", GCS_FT_OPTIONS}
         known |= set(REFUSED_CLUSTER_FIELDS) | set(IGNORED_CLUSTER_FIELDS)
         for key in sorted(set(cluster) - known):
             self.findings.note(NoteKind.IGNORED, f"{path}.{key}", "not known to servekeeper")
@@ -84,7 +86,29 @@ class ClusterTranslation:
             workers.append(group)
         if workers:
             config["workerGroups"] = workers
+        if cluster.get(GCS_FT_OPTIONS) is not None:
+            fault_tolerance = self.gcs_fault_tolerance(f"{path}.{GCS_FT_OPTIONS}", as_mapping(cluster[GCS_FT_OPTIONS]))
+            if fault_tolerance is not None:
+                config["gcsFaultTolerance"] = fault_tolerance
         return config
+
+    def gcs_fault_tolerance(self, path: str, options: dict[str, Any]) -> dict[str, Any] | None:
+        """KubeRay's embedded RocksDB backend is servekeeper's; Redis (KubeRay's default when a
+        redisAddress is given) is refused with what to use instead."""
+        backend = options.get("backend")
+        if backend != "rocksdb":
+            self.findings.refuse(f"{path}.backend" if backend is not None else path, REDIS_GCS_REASON)
+            return None
+        if "storage" in options:
+            self.findings.note(
+                NoteKind.IGNORED,
+                f"{path}.storage",
+                "no volume to claim: the store is a directory beside the head's temp dir on its pool host, "
+                "removed with the cluster",
+            )
+        for key in sorted(set(options) - {"backend", "storage"}):
+            self.findings.note(NoteKind.IGNORED, f"{path}.{key}", "a Redis setting: not used by backend rocksdb")
+        return {"backend": "rocksdb"}
 
     def check_version(self, path: str, text: str, what: str) -> None:
         match = RAY_VERSION_PATTERN.match(text)

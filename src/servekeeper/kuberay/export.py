@@ -158,6 +158,11 @@ def _differences(body: ServiceSpecBody, extensions: dict[str, Any]) -> list[str]
         comments.append("ingress options (grpcPort, request size and timeouts): set them on your Kubernetes ingress.")
     if body.rayClusterConfig.excludes:
         comments.append("rayClusterConfig.excludes: applies to servekeeper's code package only.")
+    if body.rayClusterConfig.hostPool is not None:
+        comments.append(
+            f"hostPool {body.rayClusterConfig.hostPool}: the nodes run on that pool's machines over SSH; KubeRay "
+            "schedules pods instead."
+        )
     comments.append(
         "servekeeper drains the old cluster by in-flight requests; KubeRay deletes it after "
         "rayClusterDeletionDelaySeconds regardless."
@@ -196,6 +201,8 @@ def _cluster_config(
             }
             for group in config.workerGroups
         ]
+    if config.gcsFaultTolerance is not None:
+        cluster["gcsFaultToleranceOptions"] = {"backend": config.gcsFaultTolerance.backend}
     return cluster
 
 
@@ -241,8 +248,14 @@ def _extensions(body: ServiceSpecBody) -> dict[str, Any]:
             extensions[key] = getattr(body, key)
     if body.upgradeStrategy.type == "Canary" and _incremental(body) is None:
         extensions["upgradeStrategy"] = body.upgradeStrategy.model_dump(mode="json", exclude_none=True)
-    if body.rayClusterConfig.excludes:
-        extensions["excludes"] = list(body.rayClusterConfig.excludes)
+    config = body.rayClusterConfig
+    if config.excludes:
+        extensions["excludes"] = list(config.excludes)
+    if config.hostPool is not None:
+        extensions["hostPool"] = config.hostPool
+    pins = {"head": config.head.host} | {group.name: group.host for group in config.workerGroups}
+    if any(host is not None for host in pins.values()):
+        extensions["hostPins"] = {name: host for name, host in pins.items() if host is not None}
     delay = body.rayClusterDeletionDelaySeconds
     if delay != int(delay):
         extensions["rayClusterDeletionDelaySeconds"] = delay

@@ -23,6 +23,8 @@ EXTENSION_KEYS = frozenset(
         "upgradeStrategy",  # a canary's steps and analysis (KubeRay's incremental upgrade has neither)
         "rollbackWindowSeconds",
         "revisionHistoryLimit",
+        "hostPool",  # the HostPool whose machines run the nodes (KubeRay schedules pods instead)
+        "hostPins",  # group name ("head" for the head) -> the pool host its nodes run on
     }
 )
 
@@ -65,8 +67,6 @@ REFUSED_CLUSTER_FIELDS = {
     "worker groups with replicas",
     "autoscalerOptions": "autoscaling is not available on this provider; remove it and size the worker "
     "groups with replicas",
-    "gcsFaultToleranceOptions": "GCS fault tolerance (external Redis) is not available on this provider; "
-    "remove it: servekeeper replaces a cluster whose head dies",
     "authOptions": "authentication of managed clusters is servekeeper's (they bind to 127.0.0.1); remove it",
     "networkPolicy": "there are no Kubernetes network policies here: managed clusters bind to 127.0.0.1; remove it",
     "managedBy": "servekeeper manages this service; remove managedBy",
@@ -86,6 +86,17 @@ IGNORED_WORKER_FIELDS = {
     "labels": "Ray node labels are not set by this provider",
     "workersToDelete": "no autoscaling on this provider",
 }
+GCS_FT_OPTIONS = "gcsFaultToleranceOptions"
+FT_ENABLED_ANNOTATION = "ray.io/ft-enabled"  # KubeRay's older switch for Redis-backed GCS fault tolerance
+REDIS_GCS_REASON = (
+    "GCS fault tolerance with Redis is not available on this provider yet; use backend: rocksdb (the head is "
+    "started again in place on its pool host, with its GCS tables), or remove it: servekeeper replaces a "
+    "cluster whose head dies"
+)
+GCS_NEEDS_POOL_REASON = (
+    'a head is restarted in place on a host pool only: add "hostPool": "NAME" to the servekeeper.io/extensions '
+    "annotation, or remove it (a head on this machine is not yet started again in place)"
+)
 RAY_VERSION_PATTERN = re.compile(r"^(\d+\.\d+\.\d+)")
 
 

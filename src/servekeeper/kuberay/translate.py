@@ -23,9 +23,13 @@ from servekeeper.kuberay.fields import (
     DEFAULT_SERVE_PORT,
     EXTENSION_KEYS,
     EXTENSIONS_ANNOTATION,
+    FT_ENABLED_ANNOTATION,
+    GCS_FT_OPTIONS,
+    GCS_NEEDS_POOL_REASON,
     IGNORED_SPEC_FIELDS,
     INGRESS_PORT_ANNOTATION,
     INITIALIZING_TIMEOUT_ANNOTATION,
+    REDIS_GCS_REASON,
     REFUSED_CLUSTER_FIELDS,
     as_mapping,
 )
@@ -41,7 +45,6 @@ class ImportResult:
     notes: tuple[Note, ...]
     secret_refs: tuple[SecretRef, ...]
     source: str  # e.g. "ray.io/v1 RayService"
-
 
 
 def import_documents(
@@ -121,6 +124,7 @@ class _ServiceTranslation:
             body["rayClusterDeletionDelaySeconds"] = spec["rayClusterDeletionDelaySeconds"]
         self.spec_fields(spec)
         self.annotations(annotations, body)
+        self.fault_tolerance(annotations, as_mapping(spec.get("rayClusterConfig")), cluster_config)
         return {
             "apiVersion": "servekeeper/v1alpha1",
             "kind": "RayService",
@@ -167,7 +171,8 @@ class _ServiceTranslation:
         if extensions is not None:
             self.extensions(f'{path}["{EXTENSIONS_ANNOTATION}"]', extensions, body)
         for key in sorted(annotations):
-            if key not in (INITIALIZING_TIMEOUT_ANNOTATION, EXTENSIONS_ANNOTATION, INGRESS_PORT_ANNOTATION):
+            known = (INITIALIZING_TIMEOUT_ANNOTATION, EXTENSIONS_ANNOTATION, INGRESS_PORT_ANNOTATION)
+            if key not in (*known, FT_ENABLED_ANNOTATION):
                 self.findings.note(NoteKind.IGNORED, f'{path}["{key}"]', "annotation not known to servekeeper")
 
     def extensions(self, path: str, text: Any, body: dict[str, Any]) -> None:
@@ -185,10 +190,33 @@ class _ServiceTranslation:
         for key, value in extensions.items():
             if key == "ingress" and isinstance(value, dict):
                 body["ingress"] = {**body["ingress"], **value}
-            elif key == "excludes":
-                body["rayClusterConfig"]["excludes"] = value
+            elif key in ("excludes", "hostPool"):
+                body["rayClusterConfig"][key] = value
+            elif key == "hostPins":
+                self.host_pins(f"{path}.hostPins", value, body["rayClusterConfig"])
             elif key in EXTENSION_KEYS:
                 body[key] = value
+
+    def host_pins(self, path: str, pins: Any, config: dict[str, Any]) -> None:
+        """`{"head": host, "<group name>": host}`: the pool host each group's nodes run on."""
+        if not isinstance(pins, dict):
+            self.findings.refuse(path, 'must be a JSON object: {"head": "host-1", "<group name>": "host-2"}')
+            return
+        groups = {"head": config["head"], **{str(group["name"]): group for group in config.get("workerGroups", [])}}
+        for name, host in pins.items():
+            if name not in groups:
+                self.findings.refuse(f"{path}.{name}", f"no such group; groups: {sorted(groups)}")
+            else:
+                groups[name]["host"] = host
+
+    def fault_tolerance(self, annotations: dict[str, Any], cluster: dict[str, Any], config: dict[str, Any]) -> None:
+        """KubeRay's older `ray.io/ft-enabled` switch means Redis; and a head restarts in place on a
+        host pool only (named in the extensions annotation, which KubeRay has no field for)."""
+        path = f'metadata.annotations["{FT_ENABLED_ANNOTATION}"]'
+        if str(annotations.get(FT_ENABLED_ANNOTATION, "")).lower() == "true" and GCS_FT_OPTIONS not in cluster:
+            self.findings.refuse(path, REDIS_GCS_REASON)
+        if "gcsFaultTolerance" in config and config.get("hostPool") is None:
+            self.findings.refuse(f"spec.rayClusterConfig.{GCS_FT_OPTIONS}", GCS_NEEDS_POOL_REASON)
 
     def ingress_port(self, annotations: dict[str, Any], serve_port: Any) -> Any:
         override = annotations.get(INGRESS_PORT_ANNOTATION)
