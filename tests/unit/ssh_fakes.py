@@ -41,6 +41,7 @@ class FakeFleet:
         self.launching = asyncio.Event()  # set once a launch has begun (and waits for the gate)
         self.leftovers: dict[str, list[int]] = {}
         self.gcs_lost: set[str] = set()  # GCS storage dirs whose session is gone (a rebooted host)
+        self.gcs_silent: set[str] = set()  # hosts whose head's GCS does not answer
         self.envs: dict[str, dict[str, str]] = {}  # temp dir -> the env of its last launch
         self.running: dict[str, RemoteNode] = {}
         self.tokens: dict[str, str] = {}
@@ -130,6 +131,10 @@ class FakeSshNodes(SshNodes):
         on_host = asyncio.ensure_future(self.fleet.launch_on_host(self.host(host), role, temp_dir, ports))
         self.fleet.launches.append(on_host)
         return await asyncio.shield(on_host)
+
+    async def gcs_answers(self, host: str, port: int, timeout: float) -> bool:
+        self.fleet.calls.append(("gcs_answers", host))
+        return host not in self.fleet.gcs_silent
 
     async def gcs_state_kept(self, host: str, storage_dir: str) -> bool:
         self.fleet.calls.append(("gcs_kept", storage_dir))

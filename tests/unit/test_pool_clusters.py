@@ -301,6 +301,23 @@ async def _running_pending(world: PoolWorld) -> ClusterRecord:
     return pending
 
 
+async def test_workers_are_launched_once_the_heads_gcs_answers(world: PoolWorld) -> None:
+    pending = await _running_pending(world)
+    head, worker = pending.nodes
+    order = [call for call in world.fleet.calls if call[0] in ("launch", "gcs_answers")]
+    assert order == [("launch", head.temp_dir), ("gcs_answers", head.host), ("launch", worker.temp_dir)]
+
+
+async def test_a_head_whose_gcs_never_answers_gets_no_workers_and_fails_the_rollout(world: PoolWorld) -> None:
+    world.fleet.gcs_silent.add("a")  # the head goes on host a
+    world.apply(pool_spec(workers=1))
+    await world.tick()
+    await world.background_settled()
+    [cluster] = world.clusters()
+    assert (cluster.failure_reason or "").startswith("StartFailed: the head's GCS on host a did not answer on port")
+    assert len([call for call in world.fleet.calls if call[0] == "launch"]) == 1, "the head only"
+
+
 async def test_a_worker_that_exited_on_a_host_that_answers_is_started_again_there(world: PoolWorld) -> None:
     pending = await _running_pending(world)
     head, worker = pending.nodes

@@ -30,7 +30,7 @@ from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import ClusterRecords, Liveness, PermanentProviderError, ProviderError, RecordChanges
 from servekeeper.providers.node_log import TAIL_BYTES, hidden_values, last_lines
-from servekeeper.providers.ports import PortAllocator
+from servekeeper.providers.ports import PortAllocator, wait_for_port
 from servekeeper.providers.ray_start import node_port_args, param_args, resource_args
 from servekeeper.providers.remote.node_agent import UnsafePath, open_log, private_dir
 
@@ -143,22 +143,6 @@ def _is_our_node(pid: int, temp_dir: str) -> bool:
         return False
 
 
-async def _wait_for_port(port: int, timeout: float) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 0.5)
-        except (OSError, asyncio.TimeoutError):
-            await asyncio.sleep(0.25)
-            continue
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-        return True
-    return False
-
-
 def local_temp_dir(name: str, uid: int | None = None) -> str:
     """Where a local cluster's nodes keep their Ray temp dir: in a parent of this user's that
     stays 0700 (private_temp_dir), because `ray start` makes the temp dir itself, and the
@@ -227,7 +211,7 @@ class LocalProvider:
         """
         if len(cluster.worker_pids) >= config.worker_count():
             return
-        if not await _wait_for_port(cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
+        if not await wait_for_port("127.0.0.1", cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
             raise ProviderError(f"the head's GCS did not open port {cluster.ports.gcs}; see {cluster.log_dir}")
         node_index = 0
         for group in config.workerGroups:

@@ -51,6 +51,7 @@ from servekeeper.store.store import Store
 logger = logging.getLogger(__name__)
 
 LIVENESS_CACHE_SECONDS = 2.0  # an SSH round trip per node per look is too much at 4 looks a second
+HEAD_GCS_WAIT_SECONDS = 60.0  # a head's GCS answers in a few seconds; on loaded hosts in tens
 T = TypeVar("T")
 
 
@@ -240,6 +241,8 @@ class PoolProvider:
         for index, node in enumerate(nodes):
             if node.pid is not None:
                 continue
+            if index > 0:
+                await _head_gcs_answers(ssh, cluster)
             # A start cut short (controller killed after the launch, before its pid was
             # recorded) may have left this node running: stop it by its tag first.
             left = await ssh.stop(remote_node(node, pid=-1, session_id=-1))
@@ -328,6 +331,18 @@ class PoolProvider:
             self._tokens.pop(cluster.name, None)
             token_file(self.token_dir, cluster.name).unlink(missing_ok=True)
         return leftovers
+
+
+async def _head_gcs_answers(ssh: SshNodes, cluster: ClusterRecord) -> None:
+    """Workers are launched once the head's GCS answers: one started before waits for it inside
+    `ray start`, and on loaded hosts Ray's fixed 30 s wait for its raylet to register then runs
+    out while the head is still starting (the node exits, is restarted, and starves again)."""
+    head = cluster.nodes[0]
+    if not await ssh.gcs_answers(head.host, cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
+        raise RetryableProviderError(
+            f"the head's GCS on host {head.host} did not answer on port {cluster.ports.gcs} within "
+            f"{HEAD_GCS_WAIT_SECONDS:g}s; its workers are started once it does"
+        )
 
 
 async def _gcs_state_still_there(ssh: SshNodes, head: NodePlacement, config: RayClusterConfigSpec) -> None:

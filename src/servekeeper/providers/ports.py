@@ -8,6 +8,8 @@ no stored cluster of ours holds it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 import socket
 from collections.abc import Iterable
@@ -34,6 +36,23 @@ def port_is_free(port: int) -> bool:
             except OSError:
                 return False
     return True
+
+
+async def wait_for_port(host: str, port: int, timeout: float) -> bool:
+    """Whether something accepts TCP connections on host:port within `timeout` (polled)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 0.5)
+        except (OSError, asyncio.TimeoutError):
+            await asyncio.sleep(0.25)
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+    return False
 
 
 class PortAllocator:

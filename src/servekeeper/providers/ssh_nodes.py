@@ -29,7 +29,7 @@ from servekeeper.model.records import NodePorts
 from servekeeper.providers.base import ProviderError
 from servekeeper.providers.node_argv import RemoteNode, cluster_dir
 from servekeeper.providers.node_log import TAIL_BYTES, last_lines
-from servekeeper.providers.ports import PORT_HIGH, PORT_LOW, WORKER_PORTS_PER_NODE
+from servekeeper.providers.ports import PORT_HIGH, PORT_LOW, WORKER_PORTS_PER_NODE, wait_for_port
 from servekeeper.providers.remote import node_agent_source
 from servekeeper.providers.ssh import HostConnection, HostUnreachable, SshError, with_retries
 
@@ -164,6 +164,11 @@ class SshNodes:
         connection = self.connection(host)
         await with_retries(lambda: connection.write_file(path, token.encode(), mode=0o600))
         return path
+
+    async def gcs_answers(self, host: str, port: int, timeout: float) -> bool:
+        """Does the head's GCS on `host` accept connections (within `timeout`)? Straight from the
+        controller, which reaches the head's address as the workers and the dashboard calls do."""
+        return await wait_for_port(self.host(host).address, port, timeout)
 
     async def gcs_state_kept(self, host: str, storage_dir: str) -> bool:
         """Does the head's GCS storage on `host` still hold its cluster's session?"""
