@@ -56,6 +56,9 @@ class ServiceRoute:
     # tests before any user traffic moves), whatever its weight; with no backend it answers 503.
     preview_port: int | None = None
     preview_backend: str | None = None
+    # A hot standby: a backend listed with weight 0 that takes the HTTP traffic of any other
+    # backend the moment that one refuses connections (a dead head), without waiting for a tick.
+    standby: str | None = None
 
     def __post_init__(self) -> None:
         check_name("service", self.service)
@@ -73,6 +76,8 @@ class ServiceRoute:
             if missing:
                 raise DataPlaneError(f"service {self.service}: backends {missing} carry traffic but have no gRPC")
         self._check_preview(names)
+        if self.standby is not None and (self.standby not in names or self.weights[self.standby] != 0):
+            raise DataPlaneError(f"service {self.service}: standby {self.standby} must be a backend with weight 0")
         if self.max_request_bytes <= 0 or self.request_timeout_s < 0 or self.idle_timeout_s < 0:
             raise DataPlaneError(f"service {self.service}: limits must be positive")
 
@@ -147,6 +152,7 @@ def route_to_json(route: ServiceRoute) -> dict[str, Any]:
         "idle_timeout_s": route.idle_timeout_s,
         "preview_port": route.preview_port,
         "preview_backend": route.preview_backend,
+        "standby": route.standby,
         "backends": [
             {
                 "name": b.name,
@@ -180,6 +186,7 @@ def route_from_json(data: Mapping[str, Any]) -> ServiceRoute:
             # Routes stored before previews existed have neither key.
             preview_port=data.get("preview_port"),
             preview_backend=data.get("preview_backend"),
+            standby=data.get("standby"),  # routes stored before standbys existed have none
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DataPlaneError(f"unreadable stored route: {exc!r}") from exc

@@ -40,7 +40,9 @@ HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.Http
 
 HTTP, GRPC = "http", "grpc"
 PREVIEW = "preview"  # the preview port's listener and route config, and its clusters
-CLUSTER_KINDS = (HTTP, GRPC, PREVIEW)
+# "failover-<backend>": an aggregate of the backend's HTTP cluster, then the standby's
+FAILOVER = "failover"
+CLUSTER_KINDS = (HTTP, GRPC, PREVIEW, FAILOVER)
 HEALTH_PATH = "/-/healthz"  # what Ray Serve's HTTP proxy answers 200 on while it takes traffic
 # Shorter than the keep-alive of Serve's proxy (uvicorn, 90 s), so Envoy is always the side that
 # closes an idle upstream connection; otherwise a request can race the upstream's close and fail.
@@ -96,8 +98,44 @@ def _health_timing(endpoint_count: int) -> Resource:
     return {"timeout": "3s", "unhealthy_threshold": 3}
 
 
-def render_cluster(kind: str, backend: Backend) -> Resource:
-    """The backend's HTTP or gRPC cluster; a PREVIEW cluster is its HTTP cluster under another name."""
+def _outlier_detection() -> Resource:
+    """For a backend with a standby behind it: the first refused connection ejects the endpoint,
+    so the retry of that request and every request after it go to the standby at once (health
+    checks alone take seconds). Only failures to connect count: an app's 5xx never fails over."""
+    return {
+        "split_external_local_origin_errors": True,
+        "consecutive_local_origin_failure": 1,
+        "enforcing_consecutive_local_origin_failure": 100,
+        "enforcing_consecutive_5xx": 0,
+        "enforcing_consecutive_gateway_failure": 0,
+        "enforcing_success_rate": 0,
+        "enforcing_local_origin_success_rate": 0,
+        "interval": "1s",
+        "base_ejection_time": "2s",
+        "max_ejection_percent": 100,
+    }
+
+
+def render_failover_cluster(backend: str, standby: str) -> Resource:
+    """The backend's HTTP cluster first, the standby's when it has no healthy endpoint left."""
+    return {
+        "@type": CLUSTER_TYPE,
+        "name": cluster_name(FAILOVER, backend),
+        "connect_timeout": "1s",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "cluster_type": {
+            "name": "envoy.clusters.aggregate",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig",
+                "clusters": [cluster_name(HTTP, backend), cluster_name(HTTP, standby)],
+            },
+        },
+    }
+
+
+def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Resource:
+    """The backend's HTTP or gRPC cluster; a PREVIEW cluster is its HTTP cluster under another name.
+    `fails_over`: a standby stands behind its HTTP cluster (see `_outlier_detection`)."""
     endpoints: tuple[Endpoint, ...] = backend.grpc if kind == GRPC else backend.http
     name = cluster_name(kind, backend.name)
     if kind != GRPC:
@@ -107,9 +145,11 @@ def render_cluster(kind: str, backend: Backend) -> Resource:
         # Serve's gRPC proxy has no standard health service: a connect check ejects a dead node.
         health_check = {"tcp_health_check": {}}
         upstream_protocol = {"http2_protocol_options": {}}
+    extra: Resource = {"outlier_detection": _outlier_detection()} if fails_over and kind == HTTP else {}
     return {
         "@type": CLUSTER_TYPE,
         "name": name,
+        **extra,
         "type": "STATIC" if all(_is_ip(e.host) for e in endpoints) else "STRICT_DNS",
         "connect_timeout": "1s",
         "lb_policy": "ROUND_ROBIN",  # a retry then goes to the next host for sure
@@ -156,7 +196,11 @@ def render_clusters(routes: Iterable[ServiceRoute]) -> dict[str, Resource]:
     clusters: dict[str, Resource] = {}
     for route in routes:
         for backend in route.backends:
-            clusters[cluster_name(HTTP, backend.name)] = render_cluster(HTTP, backend)
+            fails_over = route.standby is not None and backend.name != route.standby
+            clusters[cluster_name(HTTP, backend.name)] = render_cluster(HTTP, backend, fails_over)
+            if fails_over:
+                assert route.standby is not None
+                clusters[cluster_name(FAILOVER, backend.name)] = render_failover_cluster(backend.name, route.standby)
             if route.grpc_port is not None and backend.grpc:
                 clusters[cluster_name(GRPC, backend.name)] = render_cluster(GRPC, backend)
             if route.preview_port is not None:
@@ -177,8 +221,23 @@ def _route_config(name: str, service: str, entry: Resource) -> Resource:
     }
 
 
-def _forward(target: Resource, route: ServiceRoute) -> Resource:
-    """Every path to `target` (a cluster or weighted clusters), with the service's timeout and retries."""
+def _forward(target: Resource, route: ServiceRoute, failover: bool = False) -> Resource:
+    """Every path to `target` (a cluster or weighted clusters), with the service's timeout and retries.
+    `failover`: the retry of a refused request goes to the next priority of a failover cluster (the
+    standby) even before the refusing endpoint is seen as ejected on the worker thread serving it."""
+    retries: Resource = {"num_retries": 1}
+    if failover:
+        # A second try: when the refusal raced the ejection on another worker thread, the first
+        # retry can still land on the refusing endpoint; by the second (after a back-off) it cannot.
+        retries["num_retries"] = 2
+        retries["retry_priority"] = {
+            "name": "envoy.retry_priorities.previous_priorities",
+            "typed_config": {
+                "@type": "type.googleapis.com/"
+                "envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
+                "update_frequency": 1,
+            },
+        }
     return {
         "match": {"prefix": "/"},
         "route": {
@@ -186,8 +245,8 @@ def _forward(target: Resource, route: ServiceRoute) -> Resource:
             # Envoy's default is 15 s; 0 s turns the limit off so long streams live.
             "timeout": _duration(route.request_timeout_s),
             "retry_policy": {
+                **retries,
                 "retry_on": RETRY_ON,
-                "num_retries": 1,
                 "retry_host_predicate": [
                     {
                         "name": "envoy.retry_host_predicates.previous_hosts",
@@ -204,12 +263,18 @@ def _forward(target: Resource, route: ServiceRoute) -> Resource:
 
 
 def render_route_config(protocol: str, route: ServiceRoute) -> Resource:
+    def target(backend: str) -> str:
+        if protocol == HTTP and route.standby is not None and backend != route.standby:
+            return cluster_name(FAILOVER, backend)
+        return cluster_name(protocol, backend)
+
     weighted = [
-        {"name": cluster_name(protocol, backend.name), "weight": route.weights[backend.name]}
+        {"name": target(backend.name), "weight": route.weights[backend.name]}
         for backend in route.backends
         if protocol == HTTP or backend.grpc
     ]
-    entry = _forward({"weighted_clusters": {"clusters": weighted}}, route)
+    failover = protocol == HTTP and route.standby is not None
+    entry = _forward({"weighted_clusters": {"clusters": weighted}}, route, failover)
     return _route_config(listener_name(protocol, route.service), route.service, entry)
 
 
