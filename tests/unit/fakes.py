@@ -243,6 +243,7 @@ class FakeDataPlane:
                 weights=dict(route.weights),
                 in_sync=True,
                 inflight={name: self.inflight.get(name, 0) for name in route.weights},
+                failover=route.standby is not None,
             )
             for service, route in self.table.items()
         }

@@ -16,7 +16,7 @@ from servekeeper.kuberay.notes import SecretRef
 from servekeeper.kuberay.status import kuberay_service, kuberay_status
 from servekeeper.kuberay.translate import import_documents
 from servekeeper.model.cluster_spec import GcsFaultToleranceSpec
-from servekeeper.model.spec import ServiceSpec, load_spec_file, parse_spec
+from servekeeper.model.spec import ServiceSpec, StandbySpec, load_spec_file, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "tests" / "data" / "kuberay" / "ray.io_rayservices.yaml"
@@ -115,7 +115,7 @@ def test_every_field_round_trips_and_secrets_stay_references() -> None:
         assert expected in text
 
 
-def test_a_pool_service_with_gcs_fault_tolerance_round_trips() -> None:
+def test_a_pool_service_with_gcs_fault_tolerance_and_a_standby_round_trips() -> None:
     spec = _spec()
     config = spec.spec.rayClusterConfig.model_copy(
         update={
@@ -124,7 +124,8 @@ def test_a_pool_service_with_gcs_fault_tolerance_round_trips() -> None:
             "head": spec.spec.rayClusterConfig.head.model_copy(update={"host": "host-1"}),
         }
     )
-    spec = spec.model_copy(update={"spec": spec.spec.model_copy(update={"rayClusterConfig": config})})
+    body = spec.spec.model_copy(update={"rayClusterConfig": config, "standby": StandbySpec()})
+    spec = spec.model_copy(update={"spec": body})
     text, back = roundtrip(spec)
     assert back == spec
     manifest = yaml.safe_load(text)

@@ -61,7 +61,7 @@ def get(
         objects = [kuberay_service(dict(view)) for view in views]
         print(json.dumps(objects[0] if name else {"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
         return
-    table = Table("NAME", "READY", "GENERATION", "ACTIVE", "PENDING", "INGRESS", box=None)
+    table = Table("NAME", "READY", "GENERATION", "ACTIVE", "PENDING", "STANDBY", "INGRESS", box=None)
     for view in views:
         table.add_row(
             view["name"],
@@ -69,6 +69,7 @@ def get(
             f"{view['observedGeneration']}/{view['generation']}",
             active["name"] if (active := view["activeCluster"]) else "-",
             pending["name"] if (pending := view["pendingCluster"]) else "-",
+            view.get("standby", "none"),  # an older daemon's view has no standby
             view["ingress"]["url"],
         )
     common.console.print(table)
@@ -108,6 +109,7 @@ def describe(name: str, state_dir: StateDir = None) -> None:
         console.print()
         console.print(canary_block(canary))
     clusters = [("active", view["activeCluster"]), ("pending", view["pendingCluster"])]
+    clusters.append(("standby", view.get("standbyCluster")))
     clusters += [(c["role"], c) for c in view["otherClusters"]]
     for role, cluster in clusters:
         if cluster is None:

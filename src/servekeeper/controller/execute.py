@@ -190,7 +190,7 @@ class Executor:
             raise
         except Exception as exc:
             current = self.store.get_cluster(cluster.name)
-            if current is not None and current.role != ClusterRole.PENDING:
+            if current is not None and current.role not in (ClusterRole.PENDING, ClusterRole.STANDBY):
                 # A node of a serving cluster started again: the cluster stays (one node short,
                 # unhealthy, replaced after the threshold); the start is tried again after a pause.
                 message = f"{cluster.name}: {exc}; {self._start_failed(cluster)}"
@@ -315,6 +315,7 @@ class Executor:
             weights={b.name: weights.get(b.name, 0) for b in backends},
             preview_port=ingress.previewPort,
             preview_backend=action.preview if any(b.name == action.preview for b in backends) else None,
+            standby=action.standby if any(b.name == action.standby for b in backends) else None,
             grpc_port=ingress.grpcPort,
             max_request_bytes=ingress.maxRequestBytes,
             request_timeout_s=ingress.requestTimeoutSeconds,

@@ -28,7 +28,7 @@ from servekeeper.core.hooks import Hooks
 from servekeeper.core.planner import plan
 from servekeeper.model.enums import ClusterRole, ConditionType, SwitchGate
 from servekeeper.model.observation import Observation
-from servekeeper.model.records import ServiceRecord
+from servekeeper.model.records import ClusterRecord, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
 from servekeeper.providers.base import ClusterProvider
 from servekeeper.rayapi.serve_api import ServeClient
@@ -211,7 +211,7 @@ class Controller:
             isinstance(a, act.CreateCluster) for a in decision.actions
         ):
             return PENDING_TICK_SECONDS
-        busy = decision.actions or any(c.role != ClusterRole.ACTIVE for c in clusters)
+        busy = decision.actions or any(not _settled(c) for c in clusters)
         return FAST_TICK_SECONDS if busy or not _is_ready(decision.service) else STEADY_TICK_SECONDS
 
     def _record_revision_outcome(self, before: ServiceRecord, after: ServiceRecord) -> None:
@@ -304,3 +304,8 @@ def _failure_fields(service: ServiceRecord) -> dict[str, Any]:
 def _is_ready(service: ServiceRecord) -> bool:
     ready = service.condition(ConditionType.READY)
     return ready is not None and ready.status
+
+
+def _settled(cluster: ClusterRecord) -> bool:
+    """Nothing is changing on it: the active, or a standby that is ready."""
+    return cluster.role == ClusterRole.ACTIVE or (cluster.role == ClusterRole.STANDBY and cluster.ready_at is not None)

@@ -175,7 +175,7 @@ class ConfigSubmissions:
         """Ray refused the change: a pending cluster fails its rollout; on the active cluster the
         generation is failed (not retried blindly) and the active keeps what it runs."""
         tick.events.append(Event(service.name, self.clock(), "Warning", reason.partition(":")[0], reason))
-        if cluster.role == ClusterRole.PENDING:
+        if cluster.role in (ClusterRole.PENDING, ClusterRole.STANDBY):  # the standby is built again
             self.store.update_cluster(cluster.name, failure_reason=reason)
         else:
             tick.rejected = reason

@@ -62,6 +62,7 @@ class SetRoute:
     canary: str | None = None
     canary_weight: int = 0
     preview: str | None = None
+    standby: str | None = None  # listed in upstreams at 0; takes the traffic of a backend that refuses
 
     def weights(self) -> dict[str, int]:
         weights = dict.fromkeys(self.upstreams, 0)

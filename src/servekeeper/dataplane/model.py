@@ -108,6 +108,7 @@ class RouteObservation:
     weights: dict[str, int]  # the weights in force; when processes disagree, the largest weight any one has
     in_sync: bool  # every process has the same route
     inflight: dict[str, int] = field(default_factory=dict)  # backend -> requests and open streams, all processes
+    failover: bool = False  # a standby stands behind the route's backends
 
     @property
     def backends(self) -> frozenset[str]:
@@ -121,7 +122,11 @@ class RouteObservation:
 
     def to_ingress(self) -> IngressRouteObservation:
         return IngressRouteObservation(
-            active=self.active, upstreams=self.backends, inflight=dict(self.inflight), weights=dict(self.weights)
+            active=self.active,
+            upstreams=self.backends,
+            inflight=dict(self.inflight),
+            weights=dict(self.weights),
+            failover=self.failover,
         )
 
 

@@ -6,20 +6,22 @@ from collections.abc import Collection, Sequence
 
 from servekeeper.dataplane.admin import ClusterCounters, ProcessConfig, inflight
 from servekeeper.dataplane.model import BackendStats, RouteObservation
-from servekeeper.dataplane.render import HTTP, backend_of
+from servekeeper.dataplane.render import FAILOVER, HTTP, backend_of
 
 
 def observe_routes(answers: Sequence[tuple[ProcessConfig, dict[str, ClusterCounters]]]) -> dict[str, RouteObservation]:
     per_process_weights: list[dict[str, dict[str, int]]] = []
     busy: dict[str, int] = {}
+    failing_over: set[str] = set()  # services whose route (in some process) has a standby behind it
     for config, stats in answers:
         weights: dict[str, dict[str, int]] = {}
         for name, clusters in config.route_weights.items():
             protocol, _, service = name.partition("-")
             if protocol == HTTP:
-                weights[service] = {
-                    owner[1]: weight for cluster, weight in clusters.items() if (owner := backend_of(cluster))
-                }
+                owners = {cluster: owner for cluster in clusters if (owner := backend_of(cluster))}
+                weights[service] = {owner[1]: clusters[cluster] for cluster, owner in owners.items()}
+                if any(owner[0] == FAILOVER for owner in owners.values()):
+                    failing_over.add(service)
         per_process_weights.append(weights)
         for backend, counters in stats.items():
             busy[backend] = busy.get(backend, 0) + inflight(counters)
@@ -35,6 +37,7 @@ def observe_routes(answers: Sequence[tuple[ProcessConfig, dict[str, ClusterCount
             weights=merged,
             in_sync=all(one == seen[0] for one in seen),
             inflight={backend: busy.get(backend, 0) for backend in merged},
+            failover=service in failing_over,
         )
     return observed
 

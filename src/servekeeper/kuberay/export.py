@@ -246,6 +246,8 @@ def _extensions(body: ServiceSpecBody) -> dict[str, Any]:
     ):
         if getattr(body, key) != getattr(defaults, key):
             extensions[key] = getattr(body, key)
+    if body.standby is not None:
+        extensions["standby"] = body.standby.model_dump(mode="json")
     if body.upgradeStrategy.type == "Canary" and _incremental(body) is None:
         extensions["upgradeStrategy"] = body.upgradeStrategy.model_dump(mode="json", exclude_none=True)
     config = body.rayClusterConfig

@@ -25,6 +25,7 @@ EXTENSION_KEYS = frozenset(
         "revisionHistoryLimit",
         "hostPool",  # the HostPool whose machines run the nodes (KubeRay schedules pods instead)
         "hostPins",  # group name ("head" for the head) -> the pool host its nodes run on
+        "standby",  # a hot standby cluster failed over to by the ingress
     }
 )
 

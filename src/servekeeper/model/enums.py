@@ -43,6 +43,9 @@ class ClusterRole(str, enum.Enum):
     ACTIVE = "active"  # receives the service's traffic
     DRAINING = "draining"  # no new traffic; deleted once idle or at the deadline
     DELETING = "deleting"  # processes being stopped
+    # A second cluster of the active's spec, apps deployed, no traffic of its own; the ingress
+    # sends it the active's traffic the moment the active refuses connections (spec.standby).
+    STANDBY = "standby"
 
 
 class ConditionType(str, enum.Enum):

@@ -99,6 +99,7 @@ class IngressRouteObservation:
     inflight: dict[str, int] = field(default_factory=dict)
     weights: dict[str, int] = field(default_factory=dict)  # empty: only `active` carries traffic
     preview: str | None = None  # the backend the preview port sends to
+    failover: bool = False  # a standby stands behind the backends (listed in upstreams at weight 0)
 
     def weight_of(self, name: str) -> int:
         if self.weights:

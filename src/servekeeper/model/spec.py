@@ -212,6 +212,14 @@ class ReadinessSpec(StrictModel):
     probes: list[ProbeSpec] = Field(default_factory=list, max_length=20)
 
 
+class StandbySpec(StrictModel):
+    """`hot`: a second cluster of the active spec with the apps deployed and ready, taking no
+    traffic; the ingress fails over to it the moment the active refuses connections, and the
+    controller then makes it the active and builds a new standby. It costs a second cluster."""
+
+    mode: Literal["hot"] = "hot"
+
+
 class ServiceSpecBody(StrictModel):
     ingress: IngressSpec
     rayClusterConfig: RayClusterConfigSpec = Field(default_factory=RayClusterConfigSpec)
@@ -226,6 +234,7 @@ class ServiceSpecBody(StrictModel):
     # traffic back at once, without starting a cluster.
     rollbackWindowSeconds: float = Field(default=0, ge=0, le=7 * 86400)
     revisionHistoryLimit: int = Field(default=10, ge=1, le=1000)
+    standby: StandbySpec | None = None  # None: a dead active is replaced (or restarted in place)
 
     @property
     def rolls_config_changes_on_new_cluster(self) -> bool:

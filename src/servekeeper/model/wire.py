@@ -73,7 +73,7 @@ class CanaryView(TypedDict):
 class ClusterView(TypedDict):
     name: str
     generation: int
-    role: str  # pending | active | draining | deleting
+    role: str  # pending | active | standby | draining | deleting
     address: str
     dashboardUrl: str
     hostPool: str | None  # None: on the controller's machine
@@ -124,6 +124,8 @@ class ServiceView(TypedDict):
     ingress: IngressView
     activeCluster: ClusterView | None
     pendingCluster: ClusterView | None
+    standbyCluster: ClusterView | None
+    standby: str  # ready | building | none (spec.standby: a hot standby the ingress fails over to)
     otherClusters: list[ClusterView]
     failureReason: str | None
     declaredApplications: list[str]

@@ -86,6 +86,7 @@ def service_view(
 
     active = pick(ClusterRole.ACTIVE)
     pending = pick(ClusterRole.PENDING)
+    standby = pick(ClusterRole.STANDBY)
     route = observation.route if observation else None
     routed = route.active if route else None
 
@@ -104,6 +105,8 @@ def service_view(
         "ingress": {"url": f"http://127.0.0.1:{ingress_port}", "port": ingress_port, "routedTo": routed},
         "activeCluster": cluster_view(active, observation, traffic(active)) if active else None,
         "pendingCluster": pending_view,
+        "standbyCluster": cluster_view(standby, observation, traffic(standby)) if standby else None,
+        "standby": "none" if standby is None else "ready" if standby.ready_at is not None else "building",
         "otherClusters": [
             cluster_view(c, observation, traffic(c))
             for c in clusters

@@ -7,7 +7,8 @@ re-derives what to do from the stored record and a fresh observation.
 The steps work on one `PlanContext` (context.py), each in a module by concern: `pending`
 (start, readiness gate, switch), `canary` (the canary beside the active cluster), `active`
 (health, replacement, config in place, undo), `traffic` (route, switch, drain, delete),
-`serve` (config and capacity on a cluster), `workers` (restarts), `conditions` (status).
+`serve` (config and capacity on a cluster), `workers` (restarts), `standby` (a hot standby and
+its failover), `conditions` (status).
 Their order is here.
 """
 
@@ -18,6 +19,7 @@ from servekeeper.core.planner.conditions import set_conditions
 from servekeeper.core.planner.context import Plan, PlanContext
 from servekeeper.core.planner.pending import advance_pending
 from servekeeper.core.planner.serve import record_deployed_configs
+from servekeeper.core.planner.standby import fail_over_to_standby, maintain_standby
 from servekeeper.core.planner.traffic import delete_service, drain, finish_acknowledged_switch, maintain_route
 from servekeeper.core.planner.workers import MAX_WORKER_RESTARTS, restart_exited_heads, restart_interrupted_work
 from servekeeper.model.enums import ClusterRole, SwitchGate
@@ -46,6 +48,7 @@ def run(ctx: PlanContext) -> Plan:
         delete_service(ctx)
         return ctx.plan
     restart_interrupted_work(ctx)
+    fail_over_to_standby(ctx)  # before a restart in place: the standby already has the traffic
     restart_exited_heads(ctx)
     record_deployed_configs(ctx)
     finish_acknowledged_switch(ctx)
@@ -54,6 +57,7 @@ def run(ctx: PlanContext) -> Plan:
         advance_pending(ctx, pending)
     if ctx.newest(ClusterRole.PENDING) is None:
         maintain_active(ctx)
+    maintain_standby(ctx)
     maintain_route(ctx)
     drain(ctx)
     set_conditions(ctx)

@@ -29,13 +29,26 @@ def desired_route(ctx: PlanContext) -> SetRoute | None:
     if pending is not None and (canary_weight > 0 or preview is not None):
         upstreams.append(pending.name)
     upstreams += [c.name for c in ctx.clusters_with_role(ClusterRole.DRAINING)]
+    standby = ready_standby(ctx, active)
+    if standby is not None:
+        upstreams.append(standby.name)
     return SetRoute(
         active=active.name,
         upstreams=tuple(upstreams),
         canary=pending.name if pending is not None and canary_weight > 0 else None,
         canary_weight=canary_weight,
         preview=preview,
+        standby=standby.name if standby is not None else None,
     )
+
+
+def ready_standby(ctx: PlanContext, active: ClusterRecord) -> ClusterRecord | None:
+    """The standby the ingress may fail the active over to: ready, and of the active's spec (one
+    of an older spec, left from before a switch, is being replaced)."""
+    standby = ctx.newest(ClusterRole.STANDBY)
+    if standby is None or standby.ready_at is None or standby.cluster_spec_hash != active.cluster_spec_hash:
+        return None
+    return standby
 
 
 def route_as_planned(ctx: PlanContext) -> None:
@@ -59,6 +72,7 @@ def maintain_route(ctx: PlanContext) -> None:
         or route.upstreams != frozenset(wanted.upstreams)
         or any(route.weight_of(name) != weight for name, weight in wanted.weights().items())
         or route.preview != wanted.preview
+        or route.failover != (wanted.standby is not None)
     )
     if differs and not ctx.planned(SetRoute):
         ctx.do(wanted)

@@ -1,0 +1,120 @@
+"""A hot standby, tick by tick (issue 20, item 2): built once the active is ready, in the route
+behind the active once ready, promoted when the active's head exits, replaced when it dies, and
+rebuilt with the new spec after a rollout. The real controller on a real store; Ray and Envoy faked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servekeeper.model.enums import ClusterRole
+from servekeeper.model.records import ClusterRecord
+from servekeeper.model.spec import ServiceSpec
+from tests.unit.test_controller import World, make_spec, world
+
+__all__ = ["world"]
+
+
+def hot(msg: str = "v1", **overrides: Any) -> ServiceSpec:
+    return make_spec(msg, standby={"mode": "hot"}, **overrides)
+
+
+async def settle(world: World, ticks: int = 4) -> None:
+    for _ in range(ticks):
+        world.clock.advance(1)
+        await world.tick()
+        await world.background_settled()
+        world.serve.set_status("RUNNING")
+
+
+async def ready_pair(world: World) -> tuple[ClusterRecord, ClusterRecord]:
+    active = await world.roll_out(hot())
+    await settle(world)
+    standby = world.only(ClusterRole.STANDBY)
+    assert standby.ready_at is not None and "StandbyReady" in world.reasons()
+    return active, standby
+
+
+async def test_a_standby_is_built_after_the_active_and_routed_behind_it_at_weight_0(world: World) -> None:
+    active, standby = await ready_pair(world)
+    route = world.dataplane.table["svc"]
+    assert route.standby == standby.name
+    assert dict(route.weights) == {active.name: 100, standby.name: 0}
+    assert standby.cluster_spec_hash == active.cluster_spec_hash
+    assert standby.applied_config_hash == active.applied_config_hash, "the apps run on the standby too"
+
+
+async def test_no_standby_without_the_field_and_it_goes_when_the_field_is_unset(world: World) -> None:
+    active, standby = await ready_pair(world)
+    world.apply(make_spec())  # same cluster and config, no standby
+    await settle(world)
+    assert world.clusters(ClusterRole.STANDBY) == []
+    assert world.dataplane.table["svc"].standby is None
+    assert world.only(ClusterRole.ACTIVE).name == active.name, "the active is untouched"
+    assert "StandbyDeleted" in world.reasons()
+
+
+async def test_the_active_head_exiting_promotes_the_standby_and_a_new_one_is_built(world: World) -> None:
+    active, standby = await ready_pair(world)
+    world.provider.set_alive(active.name, False)
+    world.clock.advance(1)
+    await world.tick()
+    assert world.only(ClusterRole.ACTIVE).name == standby.name
+    assert world.cluster(active.name).role == ClusterRole.DELETING
+    route = world.dataplane.table["svc"]
+    assert route.weights[standby.name] == 100 and active.name not in route.weights
+    promoted = [e for e in world.events() if e.reason == "StandbyPromoted"]
+    assert len(promoted) == 1 and f"the head of {active.name} exited" in promoted[0].message
+    assert not [e for e in world.events() if e.reason == "ClusterCreating" and "ActiveUnhealthy" in e.message]
+    await settle(world, 6)
+    new_standby = world.only(ClusterRole.STANDBY)
+    assert new_standby.name not in (active.name, standby.name) and new_standby.ready_at is not None
+    assert world.dataplane.table["svc"].standby == new_standby.name
+
+
+async def test_a_standby_that_dies_is_replaced_and_the_active_never_notices(world: World) -> None:
+    active, standby = await ready_pair(world)
+    switches_before = len(world.dataplane.set_calls)
+    world.provider.set_alive(standby.name, False)
+    await settle(world, 6)
+    assert world.only(ClusterRole.ACTIVE).name == active.name
+    replacement = world.only(ClusterRole.STANDBY)
+    assert replacement.name != standby.name and replacement.ready_at is not None
+    assert "StandbyReplaced" in world.reasons()
+    assert all(route.weights[active.name] == 100 for route in world.dataplane.set_calls[switches_before:])
+
+
+async def test_after_a_rollout_the_standby_is_rebuilt_with_the_new_spec(world: World) -> None:
+    _, old_standby = await ready_pair(world)
+    world.apply(hot(cpus=2))  # a cluster-shape change: a new cluster, readiness-gated
+    await settle(world, 8)
+    active = world.only(ClusterRole.ACTIVE)
+    standby = world.only(ClusterRole.STANDBY)
+    assert standby.name != old_standby.name and standby.cluster_spec_hash == active.cluster_spec_hash
+    assert (
+        old_standby.name not in {c.name for c in world.clusters()}
+        or world.cluster(old_standby.name).role == ClusterRole.DELETING
+    )
+    assert world.dataplane.table["svc"].standby == standby.name
+
+
+async def test_no_standby_is_built_while_a_rollout_is_under_way(world: World) -> None:
+    await world.roll_out(make_spec())
+    world.apply(hot(cpus=2))
+    world.clock.advance(1)
+    await world.tick()
+    assert world.clusters(ClusterRole.PENDING) and not world.clusters(ClusterRole.STANDBY)
+
+
+async def test_a_route_that_fails_mid_failover_changes_no_role_and_the_next_tick_finishes(world: World) -> None:
+    active, standby = await ready_pair(world)
+    world.provider.set_alive(active.name, False)
+    world.dataplane.fail("set_route")
+    world.clock.advance(1)
+    await world.tick()
+    assert world.cluster(active.name).role == ClusterRole.ACTIVE, "roles change only once the ingress acknowledged"
+    assert world.cluster(standby.name).role == ClusterRole.STANDBY
+    world.dataplane.recover()
+    world.clock.advance(1)
+    await world.tick()
+    assert world.only(ClusterRole.ACTIVE).name == standby.name
+    assert world.cluster(active.name).role == ClusterRole.DELETING
