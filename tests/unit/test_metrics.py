@@ -31,12 +31,13 @@ from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe
 NAME = "svc"
 
 
-def make_spec(cpus: float = 1) -> ServiceSpec:
+def make_spec(cpus: float = 1, **more: Any) -> ServiceSpec:
     body: dict[str, Any] = {
         "ingress": {"port": 8000},
         "rayClusterConfig": {"head": {"numCpus": cpus}},
         "serveConfig": {"applications": [{"name": "hello", "route_prefix": "/", "import_path": "hello:app"}]},
         "readinessTimeoutSeconds": 120,
+        **more,
     }
     document = {"apiVersion": "servekeeper/v1alpha1", "kind": "RayService", "metadata": {"name": NAME}, "spec": body}
     return parse_spec(document)
@@ -226,6 +227,23 @@ async def test_node_restarts_are_counted_by_role_from_the_record(world: World) -
     samples = await world.scrape()
     assert value(samples, "servekeeper_node_restarts_total", service=NAME, cluster=active, role="head") == 2
     assert value(samples, "servekeeper_node_restarts_total", service=NAME, cluster=active, role="worker") == 4
+
+
+async def test_a_standby_shows_ready_and_its_promotion_counts_as_a_failover(world: World) -> None:
+    await world.roll_out(make_spec(standby={"mode": "hot"}))
+    for _ in range(4):
+        await world.tick()
+        world.serve.set_status("RUNNING")
+    assert value(await world.scrape(), "servekeeper_standby_ready", service=NAME) == 1
+    active = world.active()
+    provider = world.controller.executor.provider
+    assert isinstance(provider, FakeProvider)
+    provider.set_alive(active, False)
+    await world.tick()
+    samples = await world.scrape()
+    assert world.active() != active
+    assert value(samples, "servekeeper_standby_failovers_total", service=NAME) == 1
+    assert value(samples, "servekeeper_standby_ready", service=NAME) == 0, "the next standby is not ready yet"
 
 
 async def test_failed_and_aborted_rollouts_are_counted(world: World) -> None:

@@ -24,9 +24,10 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from servekeeper.dataplane.model import BackendStats, DataPlaneError, RouteObservation
-from servekeeper.model.enums import ConditionType
+from servekeeper.model.enums import ClusterRole, ConditionType
 from servekeeper.model.observation import IngressRouteObservation, Observation
 from servekeeper.model.records import Event, ServiceRecord
+from servekeeper.model.spec import ServiceSpec
 from servekeeper.store.facts import applied_at_fact_key
 from servekeeper.store.store import Store
 
@@ -91,6 +92,12 @@ class ControllerMetrics(Collector):
             ["service"],
             registry=self.registry,
         )
+        self.failovers = Counter(
+            "servekeeper_standby_failovers",
+            "Hot standbys promoted to active (the active's head exited, or it stayed unhealthy).",
+            ["service"],
+            registry=self.registry,
+        )
         self.reconcile_duration = Histogram(
             "servekeeper_reconcile_duration_seconds",
             "Duration of one reconcile tick (observe, plan, execute, persist).",
@@ -108,7 +115,10 @@ class ControllerMetrics(Collector):
         labelled: list[tuple[Counter | Histogram, tuple[str, ...]]] = [
             (self.rollouts, (service, result)) for result in ROLLOUT_RESULTS
         ]
-        labelled += [(m, (service,)) for m in (self.rollout_duration, self.config_submissions, self.reconcile_duration)]
+        labelled += [
+            (m, (service,))
+            for m in (self.rollout_duration, self.config_submissions, self.reconcile_duration, self.failovers)
+        ]
         for metric, labels in labelled:
             with contextlib.suppress(KeyError):  # a series never created
                 metric.remove(*labels)
@@ -131,6 +141,8 @@ class ControllerMetrics(Collector):
                 self.rollouts.labels(name, "failed").inc()
             elif event.reason in ("PendingClusterReplaced", "RolloutAborted"):
                 self.rollouts.labels(name, "aborted").inc()
+            elif event.reason == "StandbyPromoted":
+                self.failovers.labels(name).inc()
         if after.observed_generation == before.observed_generation:
             return
         # What the store holds now: the status was written only if no new spec or delete came.
@@ -143,6 +155,13 @@ class ControllerMetrics(Collector):
         applied = applied_at(store, name, stored.generation)
         if applied is not None and now >= applied:
             self.rollout_duration.labels(name).observe(now - applied)
+
+
+def _wants_standby(service: ServiceRecord) -> bool:
+    try:
+        return ServiceSpec.model_validate_json(service.spec_json).spec.standby is not None
+    except ValueError:  # a spec stored by an older version: no standby asked for
+        return False
 
 
 def _rolled_out(service: ServiceRecord) -> bool:
@@ -179,6 +198,9 @@ class StateCollector(Collector):
                     families.condition.add_metric([name, condition_type.value], 1 if found.status else 0)
             families.generation.add_metric([name], service.generation)
             families.observed.add_metric([name], service.observed_generation)
+            if _wants_standby(service):
+                standbys = [c for c in self.store.list_clusters(name) if c.role == ClusterRole.STANDBY]
+                families.standby_ready.add_metric([name], 1 if any(c.ready_at is not None for c in standbys) else 0)
             self._add_clusters(families, name)
         yield from families.all()
 
@@ -231,6 +253,7 @@ class _StateFamilies:
     latency: HistogramMetricFamily
     restarts: CounterMetricFamily
     dataplane_up: GaugeMetricFamily
+    standby_ready: GaugeMetricFamily
 
     @classmethod
     def create(cls) -> _StateFamilies:
@@ -277,6 +300,12 @@ class _StateFamilies:
             dataplane_up=GaugeMetricFamily(
                 "servekeeper_dataplane_stats_up", "1 if every Envoy process answered the stats read of this scrape."
             ),
+            standby_ready=GaugeMetricFamily(
+                "servekeeper_standby_ready",
+                "1 while the service's hot standby is ready for the ingress to fail over to (services with "
+                "spec.standby only); its time at 0 is the time without a ready standby.",
+                labels=["service"],
+            ),
         )
 
     def all(self) -> tuple[Metric, ...]:
@@ -290,6 +319,7 @@ class _StateFamilies:
             self.latency,
             self.restarts,
             self.dataplane_up,
+            self.standby_ready,
         )
 
 
