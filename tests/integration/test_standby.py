@@ -1,0 +1,154 @@
+"""A hot standby on one machine, real Ray behind real Envoy (issue 20, item 2).
+
+One daemon and one service are shared by the tests of this module, which run in order: the
+active's head is killed (with the controller down, so the data plane alone fails over), then an
+upgrade, then the standby is killed.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from servekeeper.providers.local import session_members
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.load import Load, LoadResult
+
+pytestmark = pytest.mark.ray
+
+NAME = "twin"
+CLIENTS = 32
+
+
+class Shared:
+    def __init__(self, sk: Servekeeper, port: int) -> None:
+        self.sk = sk
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/"
+
+    def spec(self, msg: str, **head: Any) -> dict[str, Any]:
+        document = hello_spec(NAME, self.port, msg=msg, standby={"mode": "hot"}, rayClusterDeletionDelaySeconds=20)
+        document["spec"]["rayClusterConfig"]["head"].update(head)
+        return document
+
+    def view(self) -> dict[str, Any]:
+        return self.sk.api_get(NAME)
+
+    def messages(self, reason: str, since: float) -> list[str]:
+        with self.sk.db() as db:
+            rows = db.execute(
+                "SELECT message FROM events WHERE service = ? AND reason = ? AND time >= ? ORDER BY id",
+                (NAME, reason, since),
+            ).fetchall()
+        return [row[0] for row in rows]
+
+    def wait_standby_ready(self, timeout: float = 180) -> dict[str, Any]:
+        wait_until(lambda: self.view()["standby"] == "ready", timeout, "a ready standby")
+        standby = self.view()["standbyCluster"]
+        assert standby is not None
+        return dict(standby)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    state_dir = Path(tempfile.mkdtemp(prefix="skstate-"))
+    sk = Servekeeper(state_dir, tmp_path_factory.mktemp("standby"))
+    sk.up()
+    context = Shared(sk, free_port())
+    try:
+        sk.apply(context.spec("v1"))
+        assert sk.wait(NAME) == 0
+        yield context
+    finally:
+        leftovers = sk.down_and_check_nothing_left()
+        assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def kill_cluster(head_pid: int) -> None:
+    """Every process of a local cluster at once, SIGKILL: like losing the head."""
+    for process in session_members((head_pid,)):
+        try:
+            process.kill()
+        except psutil.Error:
+            continue
+
+
+def longest_gap(result: LoadResult, start: float, end: float) -> float:
+    """The longest time without an answered request between `start` and `end`."""
+    answered = sorted(when for when, label in result.timeline if not label.startswith(("HTTP", "connect", "reset")))
+    window = [when for when in answered if start <= when <= end]
+    edges = [start, *window, end]
+    return max(later - earlier for earlier, later in zip(edges, edges[1:], strict=False))
+
+
+def test_a_killed_active_head_fails_over_in_the_data_plane_even_with_the_controller_down(shared: Shared) -> None:
+    standby = shared.wait_standby_ready()
+    active = shared.view()["activeCluster"]
+    assert active is not None and standby["trafficPercent"] == 0
+    with Load(shared.url, clients=CLIENTS, timeout=10) as load:
+        wait_until(lambda: load.result.ok > 200, 30, "load to start")
+        shared.sk.kill_controller()  # kill -9: the failover must not need it
+        killed_at = time.time()
+        kill_cluster(active["headPid"])
+        time.sleep(4)  # the ingress alone serves from the standby meanwhile
+        served_alone = [label for when, label in load.result.timeline if killed_at + 1 < when]
+        shared.sk.up()
+        wait_until(lambda: shared.view()["activeCluster"]["name"] == standby["name"], 30, "the standby promoted")
+        time.sleep(2)
+        result = load.stop()
+    gap = longest_gap(result, killed_at - 1, killed_at + 6)
+    after = [label for when, label in result.timeline if when > killed_at]
+    failed = [label for label in after if label != "v1"]
+    print(
+        f"\nhot standby: longest gap {gap:.2f}s, {len(failed)} failed of {len(after)} after the kill: {result.failures}"
+    )
+    assert gap <= 1.0, f"{gap:.2f}s without an answer"
+    # Only requests in flight on the dead cluster fail: at most one per client.
+    assert len(failed) <= CLIENTS, result.failures
+    assert served_alone and set(served_alone) == {"v1"}, "the standby answered while the controller was down"
+    [promoted] = shared.messages("StandbyPromoted", killed_at)
+    assert f"the head of {active['name']} exited" in promoted
+    # No replacement built from nothing; the one cluster created since is the next standby.
+    assert all("ActiveUnhealthy" not in m for m in shared.messages("ClusterCreating", killed_at))
+    replacement = shared.wait_standby_ready()
+    assert replacement["name"] not in (active["name"], standby["name"])
+    assert shared.sk.condition(NAME, "Ready")["status"] == "True"
+
+
+def test_an_upgrade_with_a_standby_drops_nothing_and_rebuilds_it_with_the_new_spec(shared: Shared) -> None:
+    before = shared.wait_standby_ready()
+    applied = time.time()
+    with Load(shared.url, clients=16, timeout=30) as load:
+        shared.sk.apply(shared.spec("v2", env={"RELEASE": "2"}))  # a cluster-shape change: a new cluster
+        assert shared.sk.wait(NAME, timeout=300) == 0
+        time.sleep(2)
+        result = load.stop()
+    assert result.failed == 0, result.failures
+    assert {"v1", "v2"} <= set(result.bodies)
+    standby = shared.wait_standby_ready()
+    active = shared.view()["activeCluster"]
+    assert standby["name"] != before["name"] and standby["generation"] == active["generation"]
+    rows = {row["name"]: row for row in shared.sk.clusters()}
+    assert rows[standby["name"]]["cluster_spec_hash"] == rows[active["name"]]["cluster_spec_hash"]
+    assert shared.messages("StandbyReplaced", applied), "the old spec's standby was replaced"
+
+
+def test_a_standby_that_dies_is_rebuilt_and_the_active_never_notices(shared: Shared) -> None:
+    standby = shared.wait_standby_ready()
+    active = shared.view()["activeCluster"]
+    killed_at = time.time()
+    with Load(shared.url, clients=8, timeout=10) as load:
+        kill_cluster(standby["headPid"])
+        wait_until(lambda: shared.messages("StandbyReplaced", killed_at), 30, "the dead standby replaced")
+        replacement = shared.wait_standby_ready()
+        result = load.stop()
+    assert result.failed == 0, result.failures
+    assert replacement["name"] != standby["name"]
+    assert shared.view()["activeCluster"]["name"] == active["name"]
+    assert "StandbyDied" in shared.messages("StandbyReplaced", killed_at)[0]
