@@ -178,6 +178,14 @@ class FakeServe:
             }
         return parse_applications({"applications": apps})
 
+    async def applications_with_capacity(
+        self, dashboard_url: str, headers: Any = None
+    ) -> tuple[dict[str, AppState], float | None]:
+        """Like Ray: the apps, and the target_capacity of the document it runs (None: unset)."""
+        apps = await self.applications(dashboard_url, headers)
+        capacity = (self.deployed.get(dashboard_url) or {}).get("target_capacity")
+        return apps, float(capacity) if capacity is not None else None
+
     async def put_config(self, dashboard_url: str, document: dict[str, Any], headers: Any = None) -> None:
         if self.on_put is not None:
             self.on_put(dashboard_url, document)

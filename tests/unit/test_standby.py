@@ -9,6 +9,7 @@ from typing import Any
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord
 from servekeeper.model.spec import ServiceSpec
+from servekeeper.views.service import service_view
 from tests.unit.test_controller import World, make_spec, world
 
 __all__ = ["world"]
@@ -118,3 +119,50 @@ async def test_a_route_that_fails_mid_failover_changes_no_role_and_the_next_tick
     await world.tick()
     assert world.only(ClusterRole.ACTIVE).name == standby.name
     assert world.cluster(active.name).role == ClusterRole.DELETING
+
+
+def warm(msg: str = "v1") -> ServiceSpec:
+    return make_spec(msg, standby={"mode": "warm"})
+
+
+async def test_a_warm_standby_is_deployed_with_no_replicas_and_stays_out_of_the_route(world: World) -> None:
+    active = await world.roll_out(warm())
+    await settle(world)
+    standby = world.only(ClusterRole.STANDBY)
+    assert standby.ready_at is not None and standby.target_capacity == 0.0
+    puts = [document for url, document in world.serve.puts if url == standby.dashboard_url]
+    assert puts and all(document.get("target_capacity") == 0.0 for document in puts), "born with no replicas"
+    route = world.dataplane.table["svc"]
+    assert route.standby is None and set(route.weights) == {active.name}, "no replica: no failover in Envoy"
+    view = service_view(world.service(), 8000, world.clusters(), None)
+    assert view["standby"] == "ready" and view["standbyCluster"] is not None
+
+
+async def test_a_warm_standby_is_scaled_up_then_takes_the_traffic_when_the_active_dies(world: World) -> None:
+    active = await world.roll_out(warm())
+    await settle(world)
+    standby = world.only(ClusterRole.STANDBY)
+    world.serve.status_after_put = "DEPLOYING"
+    world.provider.set_alive(active.name, False)
+    world.clock.advance(1)
+    await world.tick()
+    assert world.only(ClusterRole.ACTIVE).name == active.name, "not before its replicas run"
+    assert world.cluster(standby.name).target_capacity == 100.0
+    assert "StandbyScalingUp" in world.reasons()
+    assert world.serve.puts[-1][1].get("target_capacity") == 100.0
+    world.serve.set_status("RUNNING", dashboard_url=standby.dashboard_url)
+    world.clock.advance(1)
+    await world.tick()
+    assert world.only(ClusterRole.ACTIVE).name == standby.name
+    assert world.dataplane.table["svc"].weights[standby.name] == 100
+    assert "StandbyPromoted" in world.reasons()
+
+
+async def test_changing_the_mode_rebuilds_the_standby(world: World) -> None:
+    await world.roll_out(hot())
+    await settle(world)
+    hot_one = world.only(ClusterRole.STANDBY)
+    world.apply(warm())
+    await settle(world, 6)
+    warm_one = world.only(ClusterRole.STANDBY)
+    assert warm_one.name != hot_one.name and warm_one.target_capacity == 0.0 and warm_one.ready_at is not None

@@ -215,9 +215,12 @@ class ReadinessSpec(StrictModel):
 class StandbySpec(StrictModel):
     """`hot`: a second cluster of the active spec with the apps deployed and ready, taking no
     traffic; the ingress fails over to it the moment the active refuses connections, and the
-    controller then makes it the active and builds a new standby. It costs a second cluster."""
+    controller then makes it the active and builds a new standby. It costs a second cluster.
+    `warm`: the same cluster with the apps deployed at no replicas (Serve's target_capacity 0);
+    when the active dies it is scaled up and takes the traffic once its replicas run. It costs
+    about a head's memory, and the time to start the replicas."""
 
-    mode: Literal["hot"] = "hot"
+    mode: Literal["hot", "warm"] = "hot"
 
 
 class ServiceSpecBody(StrictModel):

@@ -8,7 +8,7 @@ from servekeeper.core.actions import UpdateClusters
 from servekeeper.core.health import Verdict, health
 from servekeeper.core.planner.context import PlanContext
 from servekeeper.core.planner.serve import apply_config, scale, submit
-from servekeeper.core.planner.standby import promote_standby
+from servekeeper.core.planner.standby import take_over
 from servekeeper.core.planner.traffic import route_as_planned
 from servekeeper.core.planner.workers import restart_workers
 from servekeeper.model.enums import FAILED_APP_STATUSES, ClusterRole
@@ -58,7 +58,7 @@ def maintain_active(ctx: PlanContext) -> None:
             # The only spec to build a replacement from is the one whose rollout failed: a
             # replacement would fail the same way, over and over. Apply a fixed spec.
             return
-        if promote_standby(ctx, active, f"ActiveUnhealthy: {verdict.reason}: {verdict.message}"):
+        if take_over(ctx, active, f"ActiveUnhealthy: {verdict.reason}: {verdict.message}"):
             return
         ctx.create_cluster(ClusterRole.PENDING, f"ActiveUnhealthy: {verdict.reason}: {verdict.message}")
         return

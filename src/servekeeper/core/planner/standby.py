@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from servekeeper.core.actions import UpdateClusters
 from servekeeper.core.planner.context import PlanContext
-from servekeeper.core.planner.serve import apply_config
+from servekeeper.core.planner.serve import apply_config, scale
 from servekeeper.core.planner.traffic import ready_standby, route_as_planned
 from servekeeper.core.planner.workers import restart_workers
 from servekeeper.model.enums import ClusterRole
@@ -17,8 +17,8 @@ from servekeeper.model.records import ClusterRecord
 
 def fail_over_to_standby(ctx: PlanContext) -> None:
     """The active's head exited (its host answered; a silent one may still run) and a ready
-    standby of its spec runs: the standby becomes the active at once. The ingress already sends
-    it the traffic; this makes the roles say so."""
+    standby of its spec runs: the standby takes over. A hot one at once (the ingress already
+    sends it the traffic; this makes the roles say so), a warm one once its replicas run."""
     active = ctx.newest(ClusterRole.ACTIVE)
     if active is None or ctx.newest(ClusterRole.PENDING) is not None:
         return  # during a rollout the pending cluster's path decides (it may take over itself)
@@ -28,15 +28,21 @@ def fail_over_to_standby(ctx: PlanContext) -> None:
     if active.name not in ctx.observation.clusters:
         return  # not looked at this tick: nothing is known to be wrong with it
     cause = f": {observed.error}" if observed.error else ""
-    promote_standby(ctx, active, f"the head of {active.name} exited{cause}")
+    take_over(ctx, active, f"the head of {active.name} exited{cause}")
 
 
-def promote_standby(ctx: PlanContext, active: ClusterRecord, why: str) -> bool:
-    """Make the ready standby the active and delete `active`; False when there is no standby
-    that may take over (none, not ready, of another spec, or not running)."""
-    standby = ready_standby(ctx, active)
+def take_over(ctx: PlanContext, active: ClusterRecord, why: str) -> bool:
+    """The standby takes over from `active`, which is deleted; False when no standby can (none,
+    not ready, of another spec, or not running). A warm standby is scaled to all its replicas
+    first: True while that goes on (the dead active keeps the route, which answers 503)."""
+    standby = ready_standby(ctx, active) or warm_standby(ctx, active)
     if standby is None or not ctx.observed(standby).processes_alive:
         return False
+    if standby.target_capacity is not None and not ctx.settled_at(standby, 100.0):
+        if standby.target_capacity != 100.0:
+            ctx.event("StandbyScalingUp", f"{why}; scaling warm standby {standby.name} to all its replicas", True)
+        scale(ctx, standby, 100.0)
+        return True
     ctx.set_planned(standby.with_changes(role=ClusterRole.ACTIVE))
     ctx.set_planned(active.with_changes(role=ClusterRole.DELETING))
     route_as_planned(ctx)  # the route first: roles change only once the ingress acknowledged it
@@ -45,13 +51,21 @@ def promote_standby(ctx: PlanContext, active: ClusterRecord, why: str) -> bool:
     ctx.do(UpdateClusters(swap))
     ctx.delete_cluster(active, "StandbyPromoted")
     ctx.update_service(unhealthy_since=None)
+    how = "the ingress sent its traffic to" if standby.target_capacity is None else "traffic moved to the scaled-up"
     ctx.event(
         "StandbyPromoted",
-        f"{why}; the ingress sent its traffic to standby {standby.name}, now the active cluster; "
-        f"deleting {active.name}",
+        f"{why}; {how} standby {standby.name}, now the active cluster; deleting {active.name}",
         warning=True,
     )
     return True
+
+
+def warm_standby(ctx: PlanContext, active: ClusterRecord) -> ClusterRecord | None:
+    """A ready warm standby of the active's spec (its replicas at target_capacity 0, or being scaled up)."""
+    standby = ctx.newest(ClusterRole.STANDBY)
+    if standby is None or standby.ready_at is None or standby.target_capacity is None:
+        return None
+    return standby if standby.cluster_spec_hash == active.cluster_spec_hash else None
 
 
 def maintain_standby(ctx: PlanContext) -> None:
@@ -79,6 +93,8 @@ def unfit(ctx: PlanContext, standby: ClusterRecord, active: ClusterRecord | None
         return "StandbyRemoved: spec.standby is unset"
     if active is not None and standby.cluster_spec_hash != active.cluster_spec_hash:
         return f"StandbyOutdated: {active.name} runs another cluster spec"
+    if standby.ready_at is not None and is_warm(ctx) != (standby.target_capacity is not None):
+        return "StandbyModeChanged: spec.standby.mode changed"
     if standby.failure_reason:
         return f"StandbyFailed: {standby.failure_reason}"
     observed = ctx.observed(standby)
@@ -95,7 +111,8 @@ def unfit(ctx: PlanContext, standby: ClusterRecord, active: ClusterRecord | None
 
 def advance(ctx: PlanContext, standby: ClusterRecord) -> None:
     """The standby runs the desired config (except while a rollout is failing or under way) and
-    is marked ready once the switch gate would let traffic go to it."""
+    is marked ready: a hot one once the switch gate would let traffic go to it, a warm one once
+    Ray shows its apps deployed with no replicas (Serve's target_capacity 0, from its first PUT)."""
     observed = ctx.observed(standby)
     if observed.exited_workers:
         standby = restart_workers(ctx, standby, observed.exited_workers)
@@ -103,13 +120,25 @@ def advance(ctx: PlanContext, standby: ClusterRecord) -> None:
         return
     steady = not ctx.rollout_failed and ctx.newest(ClusterRole.PENDING) is None
     if steady and standby.applied_config_hash != ctx.desired_config_hash:
+        if is_warm(ctx) and standby.applied_config_hash is None and standby.target_capacity is None:
+            standby = ctx.update_cluster(standby, target_capacity=0.0)  # born with no replicas
         apply_config(ctx, standby, observed)
         return
     if observed.deployed_config_hash != standby.applied_config_hash or standby.applied_config_hash is None:
         return
-    if standby.ready_at is None and ctx.switch_verdict(observed).ok:
+    if standby.ready_at is not None:
+        return
+    if standby.target_capacity is not None:
+        if ctx.settled_at(scale(ctx, standby, 0.0), 0.0):
+            ctx.update_cluster(standby, ready_at=ctx.now)
+            ctx.event("StandbyReady", f"warm standby {standby.name} is ready: apps deployed, no replicas")
+    elif ctx.switch_verdict(observed).ok:
         ctx.update_cluster(standby, ready_at=ctx.now)
         ctx.event("StandbyReady", f"standby {standby.name} is ready: the ingress fails the active over to it")
+
+
+def is_warm(ctx: PlanContext) -> bool:
+    return ctx.spec.spec.standby is not None and ctx.spec.spec.standby.mode == "warm"
 
 
 def drop(ctx: PlanContext, standby: ClusterRecord, why: str) -> None:

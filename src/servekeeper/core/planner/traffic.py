@@ -43,12 +43,12 @@ def desired_route(ctx: PlanContext) -> SetRoute | None:
 
 
 def ready_standby(ctx: PlanContext, active: ClusterRecord) -> ClusterRecord | None:
-    """The standby the ingress may fail the active over to: ready, and of the active's spec (one
-    of an older spec, left from before a switch, is being replaced)."""
+    """The hot standby the ingress may fail the active over to: ready, all its replicas (a warm
+    one has none), and of the active's spec (one of an older spec is being replaced)."""
     standby = ctx.newest(ClusterRole.STANDBY)
-    if standby is None or standby.ready_at is None or standby.cluster_spec_hash != active.cluster_spec_hash:
+    if standby is None or standby.ready_at is None or standby.target_capacity is not None:
         return None
-    return standby
+    return standby if standby.cluster_spec_hash == active.cluster_spec_hash else None
 
 
 def route_as_planned(ctx: PlanContext) -> None:
