@@ -50,6 +50,8 @@ def _clusters(view: View) -> list[tuple[str, Mapping[str, Any]]]:
         found.append(("active", view["activeCluster"]))
     if view.get("pendingCluster"):
         found.append(("pending", view["pendingCluster"]))
+    if view.get("standbyCluster"):
+        found.append((f"standby ({view.get('standby', 'building')})", view["standbyCluster"]))
     found += [(c.get("role", "?"), c) for c in view.get("otherClusters", [])]
     return found
 

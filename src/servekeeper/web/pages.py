@@ -95,6 +95,8 @@ def _clusters(view: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
         found.append(("active", view["activeCluster"]))
     if view.get("pendingCluster"):
         found.append(("pending", view["pendingCluster"]))
+    if view.get("standbyCluster"):
+        found.append((f"standby ({view.get('standby', 'building')})", view["standbyCluster"]))
     found += [(c["role"], c) for c in view.get("otherClusters", [])]
     return found
 
