@@ -47,6 +47,18 @@ async def test_a_dead_active_fails_over_to_the_standby_at_once(
     assert observed.weights == {"a": 100, "s": 0} and observed.active == "a"
     for config in await process_configs(plane):
         assert {"http-a", "http-s", "failover-a"} <= config.active_clusters
+    assert observed.failover
+
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+        assert [(await http.get("/")).text for _ in range(20)] == ["a"] * 20
+    # Envoy books the answers on the failover cluster: the backend's figures (what a canary's
+    # analysis reads) count them all the same.
+    for _ in range(40):
+        stats = (await plane.backend_stats())["a"]
+        if stats.rq_2xx >= 20 and sum(stats.latency_ms_buckets.values()) > 0:  # histograms: flushed each second
+            break
+        await asyncio.sleep(0.1)
+    assert stats.rq_total == stats.rq_2xx == 20 and sum(stats.latency_ms_buckets.values()) > 0
 
     answers: list[tuple[float, str]] = []
     stop = asyncio.Event()
@@ -60,7 +72,7 @@ async def test_a_dead_active_fails_over_to_the_standby_at_once(
                     answer = f"error {type(exc).__name__}"
                 answers.append((time.monotonic(), answer))
 
-    clients = [asyncio.create_task(client()) for _ in range(8)]
+    clients = [asyncio.create_task(client()) for _ in range(32)]
     await asyncio.sleep(1.0)
     killed_at = time.monotonic()
     await a.stop()  # the active's proxy is gone: its port refuses connections

@@ -98,6 +98,11 @@ def _health_timing(endpoint_count: int) -> Resource:
     return {"timeout": "3s", "unhealthy_threshold": 3}
 
 
+def _circuit_breakers() -> Resource:
+    limits = ("max_connections", "max_pending_requests", "max_requests", "max_retries")
+    return {"thresholds": [dict.fromkeys(limits, CIRCUIT_LIMIT)]}
+
+
 def _outlier_detection() -> Resource:
     """For a backend with a standby behind it: the first refused connection ejects the endpoint,
     so the retry of that request and every request after it go to the standby at once (health
@@ -123,6 +128,9 @@ def render_failover_cluster(backend: str, standby: str) -> Resource:
         "name": cluster_name(FAILOVER, backend),
         "connect_timeout": "1s",
         "lb_policy": "CLUSTER_PROVIDED",
+        # The route's retries count against this cluster's breaker: Envoy's default (3 retries at
+        # once) would let the refused requests of more than 3 clients fail without their retry.
+        "circuit_breakers": _circuit_breakers(),
         "cluster_type": {
             "name": "envoy.clusters.aggregate",
             "typed_config": {
@@ -172,16 +180,7 @@ def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Res
         # A host cut off the network does not refuse: requests sent on a pooled connection to it
         # would hang until the client gives up. Once ejected, its connections are closed.
         "close_connections_on_host_health_failure": len(endpoints) > 1,
-        "circuit_breakers": {
-            "thresholds": [
-                {
-                    "max_connections": CIRCUIT_LIMIT,
-                    "max_pending_requests": CIRCUIT_LIMIT,
-                    "max_requests": CIRCUIT_LIMIT,
-                    "max_retries": CIRCUIT_LIMIT,
-                }
-            ]
-        },
+        "circuit_breakers": _circuit_breakers(),
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": HTTP_OPTIONS_TYPE,
