@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servekeeper.model.enums import ClusterRole
+from servekeeper.model.enums import ClusterRole, ConditionType
 from servekeeper.model.records import ClusterRecord
 from servekeeper.model.spec import ServiceSpec
 from servekeeper.views.service import service_view
@@ -166,3 +166,71 @@ async def test_changing_the_mode_rebuilds_the_standby(world: World) -> None:
     await settle(world, 6)
     warm_one = world.only(ClusterRole.STANDBY)
     assert warm_one.name != hot_one.name and warm_one.target_capacity == 0.0 and warm_one.ready_at is not None
+
+
+async def test_building_a_standby_is_not_an_upgrade(world: World) -> None:
+    await world.roll_out(hot())
+    world.clock.advance(1)
+    await world.tick()  # the standby's cluster is created in this tick
+    assert world.clusters(ClusterRole.STANDBY)
+    condition = world.service().condition(ConditionType.UPGRADE_IN_PROGRESS)
+    assert condition is not None and not condition.status, condition
+
+
+async def test_a_standby_that_keeps_dying_is_built_again_after_a_growing_pause(world: World) -> None:
+    _, standby = await ready_pair(world)
+    world.provider.set_alive(standby.name, False)
+    world.clock.advance(1)
+    await world.tick()  # dropped, and (the last one was ready) built again at once
+    await world.background_settled()
+    [second] = world.clusters(ClusterRole.STANDBY)
+    assert world.service().standby_failures == 1
+    world.provider.set_alive(second.name, False)
+    world.clock.advance(1)
+    await world.tick()  # dropped; the next try waits
+    assert world.clusters(ClusterRole.STANDBY) == []
+    retry_at = world.service().standby_retry_at
+    assert retry_at is not None and retry_at > world.clock()
+    world.clock.advance(retry_at - world.clock())
+    await world.tick()
+    assert world.clusters(ClusterRole.STANDBY) and world.service().standby_failures == 2
+    assert world.service().standby_retry_at == world.clock() + 10, "5 s, then 10 s, ..."
+
+
+async def test_the_standby_never_takes_a_config_the_active_has_not_run_well(world: World) -> None:
+    active, standby = await ready_pair(world)
+    good = world.cluster(standby.name).applied_config_hash
+    world.apply(hot("v2"))  # a Serve-config change: in place on the active
+    world.clock.advance(1)
+    await world.tick()
+    world.serve.set_status("DEPLOY_FAILED", "boom", dashboard_url=active.dashboard_url)
+    for _ in range(3):
+        world.clock.advance(1)
+        await world.tick()
+    assert "RolloutFailed" in world.reasons()
+    assert world.cluster(standby.name).applied_config_hash == good
+    to_standby = [document for url, document in world.serve.puts if url == standby.dashboard_url]
+    assert to_standby and all(d["applications"][0]["args"]["msg"] == "v1" for d in to_standby), "no PUT of v2 to it"
+
+
+async def test_an_unhealthy_but_running_active_replaced_by_the_standby_drains(world: World) -> None:
+    active, standby = await ready_pair(world)
+    world.serve.set_status("UNHEALTHY", "replica crashed", dashboard_url=active.dashboard_url)
+    for _ in range(35):  # past serviceUnhealthySecondThreshold (30 s)
+        world.clock.advance(1)
+        await world.tick()
+        if world.cluster(standby.name).role == ClusterRole.ACTIVE:
+            break
+    assert world.cluster(standby.name).role == ClusterRole.ACTIVE
+    assert world.cluster(active.name).role == ClusterRole.DRAINING, "its in-flight requests finish"
+    assert not [e for e in world.events() if e.reason == "ClusterCreating" and "ActiveUnhealthy" in e.message]
+
+
+async def test_a_config_change_reaches_the_standby_once_the_active_runs_it_well(world: World) -> None:
+    active, standby = await ready_pair(world)
+    world.apply(hot("v2"))
+    await settle(world, 5)
+    assert world.only(ClusterRole.ACTIVE).name == active.name, "in place: no new cluster"
+    assert world.cluster(standby.name).applied_config_hash == world.cluster(active.name).applied_config_hash
+    to_standby = [document for url, document in world.serve.puts if url == standby.dashboard_url]
+    assert to_standby[-1]["applications"][0]["args"]["msg"] == "v2"

@@ -264,6 +264,8 @@ class Controller:
             failed_generation=after.failed_generation,
             failure_reason=after.failure_reason,
             conditions=after.conditions,
+            standby_failures=after.standby_failures,
+            standby_retry_at=after.standby_retry_at,
         )
 
     # -- shutdown ------------------------------------------------------------------------

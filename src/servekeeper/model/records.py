@@ -214,6 +214,7 @@ class ClusterRecord:
     target_capacity: float | None = None
     pool: str | None = None  # the HostPool it runs on (None: this machine)
     nodes: tuple[NodePlacement, ...] = ()  # with a pool: head first, then the workers
+    takeover_started_at: float | None = None  # a warm standby began scaling up to replace a dead active
 
     def with_changes(self, **changes: Any) -> ClusterRecord:
         return replace(self, **changes)
@@ -281,6 +282,10 @@ class ServiceRecord:
     conditions: tuple[Condition, ...] = ()
     created_at: float = 0.0
     package_hash: str | None = None
+    # Standby builds started since the last standby was ready, and when the next may start (a
+    # standby that cannot start, or dies, is built again after 5 s, 10 s, ... up to 300 s).
+    standby_failures: int = 0
+    standby_retry_at: float | None = None
 
     def with_changes(self, **changes: Any) -> ServiceRecord:
         return replace(self, **changes)

@@ -50,6 +50,8 @@ def service_row(s: ServiceRecord) -> dict[str, Any]:
         "conditions_json": s.conditions_json(),
         "created_at": s.created_at,
         "package_hash": s.package_hash,
+        "standby_failures": s.standby_failures,
+        "standby_retry_at": s.standby_retry_at,
     }
 
 
@@ -66,6 +68,8 @@ def service_from_row(row: sqlite3.Row) -> ServiceRecord:
         conditions=tuple(Condition.from_json(c) for c in json.loads(row["conditions_json"])),
         created_at=row["created_at"],
         package_hash=row["package_hash"],
+        standby_failures=row["standby_failures"],
+        standby_retry_at=row["standby_retry_at"],
     )
 
 
@@ -117,6 +121,7 @@ def cluster_row(c: ClusterRecord) -> dict[str, Any]:
         "target_capacity": c.target_capacity,
         "pool": c.pool,
         "nodes_json": json.dumps([node.to_json() for node in c.nodes]),
+        "takeover_started_at": c.takeover_started_at,
     }
 
 
@@ -149,6 +154,7 @@ def cluster_from_row(row: sqlite3.Row) -> ClusterRecord:
         target_capacity=row["target_capacity"],
         pool=row["pool"],
         nodes=tuple(NodePlacement.from_json(node) for node in json.loads(row["nodes_json"])),
+        takeover_started_at=row["takeover_started_at"],
     )
 
 

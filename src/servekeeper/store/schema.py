@@ -225,6 +225,16 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         then=_backfill_revision_secret_refs,
     ),
+    Migration(
+        9,
+        "standby clusters (issue 20): when a warm standby began taking over from a dead active; a service's "
+        "standby builds tried since the last ready one, and the time the next may start",
+        """
+        ALTER TABLE clusters ADD COLUMN takeover_started_at REAL;
+        ALTER TABLE services ADD COLUMN standby_failures INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE services ADD COLUMN standby_retry_at REAL;
+        """,
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

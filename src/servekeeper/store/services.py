@@ -16,7 +16,15 @@ from servekeeper.store.rows import insert_or_replace, rows_changed, service_from
 # The fields of a service row that only the controller writes (the API owns the spec, the
 # generation and the deleting flag). `persist_status` writes these and nothing else.
 CONTROLLER_OWNED_FIELDS = frozenset(
-    {"observed_generation", "unhealthy_since", "failed_generation", "failure_reason", "conditions"}
+    {
+        "observed_generation",
+        "unhealthy_since",
+        "failed_generation",
+        "failure_reason",
+        "conditions",
+        "standby_failures",
+        "standby_retry_at",
+    }
 )
 
 
@@ -37,8 +45,17 @@ def update_status(db: sqlite3.Connection, s: ServiceRecord) -> None:
     """Write the controller-owned fields of `s` only; the rest of the row stays as stored."""
     db.execute(
         "UPDATE services SET observed_generation = ?, unhealthy_since = ?, failed_generation = ?, "
-        "failure_reason = ?, conditions_json = ? WHERE name = ?",
-        (s.observed_generation, s.unhealthy_since, s.failed_generation, s.failure_reason, s.conditions_json(), s.name),
+        "failure_reason = ?, conditions_json = ?, standby_failures = ?, standby_retry_at = ? WHERE name = ?",
+        (
+            s.observed_generation,
+            s.unhealthy_since,
+            s.failed_generation,
+            s.failure_reason,
+            s.conditions_json(),
+            s.standby_failures,
+            s.standby_retry_at,
+            s.name,
+        ),
     )
 
 

@@ -61,7 +61,7 @@ def upgrade_condition(ctx: PlanContext, pending: ClusterRecord | None) -> Condit
         verdict = ctx.switch_verdict(ctx.observed(pending))
         message = f"waiting for {pending.name}: {verdict.reason}" + (f": {verdict.message}" if verdict.message else "")
         return (upgrading, True, "PendingClusterNotReady", message)
-    if ctx.planned(CreateCluster):
+    if any(isinstance(a, CreateCluster) and a.role == ClusterRole.PENDING for a in ctx.plan.actions):
         if ctx.observation.placement_problem:
             return (upgrading, True, "InsufficientCapacity", ctx.observation.placement_problem)
         return (upgrading, True, "PendingClusterCreating", "")

@@ -1,8 +1,11 @@
-"""A hot standby (`spec.standby`): a second cluster of the active's spec with the apps deployed
-and ready, taking no traffic of its own. The ingress sends it the active's traffic the moment
-the active refuses connections: the data plane fails over, not a tick. The planner then makes
-it the active, deletes the dead cluster, and builds the next standby; after a rollout the
-standby of the old spec is replaced by one of the new."""
+"""A standby (`spec.standby`): a second cluster of the active's spec with the apps deployed,
+taking no traffic of its own.
+
+Hot: all its replicas run, and the ingress sends it the active's traffic the moment the active
+refuses connections (the data plane fails over, not a tick); the planner then makes it the
+active, deletes the dead cluster, and builds the next standby. Warm: its apps are deployed at
+Serve's target_capacity 0; when the active dies it is scaled up and takes the traffic once its
+replicas run. After a rollout the standby of the old spec is replaced by one of the new."""
 
 from __future__ import annotations
 
@@ -14,11 +17,14 @@ from servekeeper.core.planner.workers import restart_workers
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord
 
+# A standby that cannot be built (or dies) is built again after 5 s, 10 s, 20 s, ... up to 300 s.
+RETRY_FIRST_SECONDS = 5.0
+RETRY_MAX_SECONDS = 300.0
+
 
 def fail_over_to_standby(ctx: PlanContext) -> None:
     """The active's head exited (its host answered; a silent one may still run) and a ready
-    standby of its spec runs: the standby takes over. A hot one at once (the ingress already
-    sends it the traffic; this makes the roles say so), a warm one once its replicas run."""
+    standby of its spec runs: the standby takes over."""
     active = ctx.newest(ClusterRole.ACTIVE)
     if active is None or ctx.newest(ClusterRole.PENDING) is not None:
         return  # during a rollout the pending cluster's path decides (it may take over itself)
@@ -32,29 +38,41 @@ def fail_over_to_standby(ctx: PlanContext) -> None:
 
 
 def take_over(ctx: PlanContext, active: ClusterRecord, why: str) -> bool:
-    """The standby takes over from `active`, which is deleted; False when no standby can (none,
-    not ready, of another spec, or not running). A warm standby is scaled to all its replicas
-    first: True while that goes on (the dead active keeps the route, which answers 503)."""
+    """The standby takes over from `active`; False when no standby can (none, not ready, of
+    another spec, not running, or its apps not passing the switch gate). A warm standby is
+    scaled to all its replicas first: True while that goes on (the route stays, answering 503)."""
     standby = ready_standby(ctx, active) or warm_standby(ctx, active)
     if standby is None or not ctx.observed(standby).processes_alive:
         return False
     if standby.target_capacity is not None and not ctx.settled_at(standby, 100.0):
-        if standby.target_capacity != 100.0:
+        if standby.takeover_started_at is None:
+            standby = ctx.update_cluster(standby, takeover_started_at=ctx.now)
             ctx.event("StandbyScalingUp", f"{why}; scaling warm standby {standby.name} to all its replicas", True)
         scale(ctx, standby, 100.0)
         return True
+    if not ctx.switch_verdict(ctx.observed(standby)).ok:
+        return False
     ctx.set_planned(standby.with_changes(role=ClusterRole.ACTIVE))
-    ctx.set_planned(active.with_changes(role=ClusterRole.DELETING))
+    # A dead active goes at once; a live one (unhealthy past the threshold) drains like any old one.
+    alive = ctx.observed(active).processes_alive
+    old_role = {"role": ClusterRole.DRAINING, "drain_started_at": ctx.now} if alive else {"role": ClusterRole.DELETING}
+    ctx.set_planned(active.with_changes(**old_role))
     route_as_planned(ctx)  # the route first: roles change only once the ingress acknowledged it
     # One transaction: a crash never leaves two actives, or the dead one active.
-    swap = ((standby.name, {"role": ClusterRole.ACTIVE}), (active.name, {"role": ClusterRole.DELETING}))
-    ctx.do(UpdateClusters(swap))
-    ctx.delete_cluster(active, "StandbyPromoted")
+    ctx.do(
+        UpdateClusters(
+            ((standby.name, {"role": ClusterRole.ACTIVE, "takeover_started_at": None}), (active.name, old_role))
+        )
+    )
+    if not alive:
+        ctx.delete_cluster(active, "StandbyPromoted")
     ctx.update_service(unhealthy_since=None)
     how = "the ingress sent its traffic to" if standby.target_capacity is None else "traffic moved to the scaled-up"
     ctx.event(
         "StandbyPromoted",
-        f"{why}; {how} standby {standby.name}, now the active cluster; deleting {active.name}",
+        f"{why}; {how} standby {standby.name}, now the active cluster; "
+        + ("draining" if alive else "deleting")
+        + f" {active.name}",
         warning=True,
     )
     return True
@@ -69,22 +87,31 @@ def warm_standby(ctx: PlanContext, active: ClusterRecord) -> ClusterRecord | Non
 
 
 def maintain_standby(ctx: PlanContext) -> None:
-    """Build the standby once the active is ready and healthy (never during a rollout), keep its
-    config the desired one, mark it ready, and replace it when it dies, fails, lags the active's
-    spec, or is no longer wanted."""
+    """Build the standby once the active is ready and healthy (never during a rollout, each try
+    after a growing pause), keep its config the one the active runs well, mark it ready, and
+    replace it when it dies, fails, lags the active's spec, or is no longer wanted."""
     standby = ctx.newest(ClusterRole.STANDBY)
     active = ctx.newest(ClusterRole.ACTIVE)
     if standby is not None:
         why = unfit(ctx, standby, active)
         if why is None:
-            advance(ctx, standby)
+            advance(ctx, standby, active)
             return
         drop(ctx, standby, why)
     if ctx.spec.spec.standby is None or active is None or ctx.newest(ClusterRole.PENDING) is not None:
         return
     healthy = ctx.plan.service.unhealthy_since is None and active.ready_at is not None
-    if healthy and active.cluster_spec_hash == ctx.desired_cluster_hash and not ctx.rollout_failed:
-        ctx.create_cluster(ClusterRole.STANDBY, f"StandbyBuilding: a hot standby for {active.name}")
+    if not healthy or active.cluster_spec_hash != ctx.desired_cluster_hash or ctx.rollout_failed:
+        return
+    service = ctx.plan.service
+    if service.standby_retry_at is not None and ctx.now < service.standby_retry_at:
+        return
+    tries = service.standby_failures + 1  # reset once a standby is ready
+    pause = min(RETRY_FIRST_SECONDS * 2 ** min(tries - 1, 16), RETRY_MAX_SECONDS)
+    ctx.update_service(standby_failures=tries, standby_retry_at=ctx.now + pause)
+    ctx.create_cluster(
+        ClusterRole.STANDBY, f"StandbyBuilding: a {ctx.spec.spec.standby.mode} standby for {active.name}"
+    )
 
 
 def unfit(ctx: PlanContext, standby: ClusterRecord, active: ClusterRecord | None) -> str | None:
@@ -97,44 +124,62 @@ def unfit(ctx: PlanContext, standby: ClusterRecord, active: ClusterRecord | None
         return "StandbyModeChanged: spec.standby.mode changed"
     if standby.failure_reason:
         return f"StandbyFailed: {standby.failure_reason}"
+    rolling = active is not None and active.cluster_spec_hash != ctx.desired_cluster_hash
+    if rolling and ctx.observation.placement_problem and ctx.newest(ClusterRole.PENDING) is None:
+        # A pool with room for one more cluster: the rollout's new cluster comes first.
+        return f"StandbyYielded: its room goes to the rollout ({ctx.observation.placement_problem})"
     observed = ctx.observed(standby)
     if standby.head_pid is not None and not observed.processes_alive and observed.head_silent_since is None:
         if standby.name in ctx.observation.clusters:
             cause = f": {observed.error}" if observed.error else ""
             return f"StandbyDied: the head of {standby.name} exited{cause}"
+    timeout = ctx.spec.spec.readinessTimeoutSeconds
     age = ctx.now - standby.created_at
-    if standby.ready_at is None and age > ctx.spec.spec.readinessTimeoutSeconds:
+    if standby.ready_at is None and age > timeout:
         verdict = ctx.switch_verdict(observed)
         return f"StandbyNotReady: not ready after {age:g}s ({verdict.reason}: {verdict.message})"
+    started = standby.takeover_started_at
+    if started is not None and ctx.now - started > timeout:
+        return f"StandbyNotReady: not at all its replicas {ctx.now - started:g}s after it began taking over"
     return None
 
 
-def advance(ctx: PlanContext, standby: ClusterRecord) -> None:
-    """The standby runs the desired config (except while a rollout is failing or under way) and
-    is marked ready: a hot one once the switch gate would let traffic go to it, a warm one once
-    Ray shows its apps deployed with no replicas (Serve's target_capacity 0, from its first PUT)."""
+def advance(ctx: PlanContext, standby: ClusterRecord, active: ClusterRecord | None) -> None:
+    """The standby runs the config the active runs well (the desired one once the active has
+    run it well: never one that is failing or not proven yet), and is marked ready: a hot one
+    once the switch gate would let traffic go to it, a warm one once Ray shows its apps deployed
+    with no replicas (Serve's target_capacity 0, from its first PUT)."""
     observed = ctx.observed(standby)
     if observed.exited_workers:
         standby = restart_workers(ctx, standby, observed.exited_workers)
     if not observed.dashboard_ok:
         return
-    steady = not ctx.rollout_failed and ctx.newest(ClusterRole.PENDING) is None
-    if steady and standby.applied_config_hash != ctx.desired_config_hash:
+    proven = active is not None and active.good_config_hash == ctx.desired_config_hash
+    if proven and standby.applied_config_hash != ctx.desired_config_hash:
         if is_warm(ctx) and standby.applied_config_hash is None and standby.target_capacity is None:
             standby = ctx.update_cluster(standby, target_capacity=0.0)  # born with no replicas
         apply_config(ctx, standby, observed)
         return
     if observed.deployed_config_hash != standby.applied_config_hash or standby.applied_config_hash is None:
         return
+    if standby.takeover_started_at is not None and active is not None and ctx.observed(active).processes_alive:
+        # The active came back before the takeover ended (it recovered): no replicas again.
+        standby = ctx.update_cluster(standby, takeover_started_at=None)
+        scale(ctx, standby, 0.0)
+        return
     if standby.ready_at is not None:
         return
     if standby.target_capacity is not None:
         if ctx.settled_at(scale(ctx, standby, 0.0), 0.0):
-            ctx.update_cluster(standby, ready_at=ctx.now)
-            ctx.event("StandbyReady", f"warm standby {standby.name} is ready: apps deployed, no replicas")
+            standby_ready(ctx, standby, f"warm standby {standby.name} is ready: apps deployed, no replicas")
     elif ctx.switch_verdict(observed).ok:
-        ctx.update_cluster(standby, ready_at=ctx.now)
-        ctx.event("StandbyReady", f"standby {standby.name} is ready: the ingress fails the active over to it")
+        standby_ready(ctx, standby, f"standby {standby.name} is ready: the ingress fails the active over to it")
+
+
+def standby_ready(ctx: PlanContext, standby: ClusterRecord, message: str) -> None:
+    ctx.update_cluster(standby, ready_at=ctx.now)
+    ctx.update_service(standby_failures=0, standby_retry_at=None)
+    ctx.event("StandbyReady", message)
 
 
 def is_warm(ctx: PlanContext) -> bool:
@@ -142,10 +187,10 @@ def is_warm(ctx: PlanContext) -> bool:
 
 
 def drop(ctx: PlanContext, standby: ClusterRecord, why: str) -> None:
-    """Out of the route first (when it is in), then deleted."""
+    """Out of the route first (when it is or may be in it), then deleted."""
     ctx.set_planned(standby.with_changes(role=ClusterRole.DELETING))
     route = ctx.observation.route
-    if route is not None and standby.name in route.upstreams:
+    if standby.ready_at is not None or (route is not None and standby.name in route.upstreams):
         route_as_planned(ctx)
     ctx.delete_cluster(standby, why.partition(":")[0])
     warning = not why.startswith(("StandbyRemoved", "StandbyOutdated"))
