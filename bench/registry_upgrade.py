@@ -14,15 +14,26 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import exit_cleanly_on_sigterm
-from servekeeper.testing.harness import Servekeeper, free_port, model_urls, models_answer, registry_spec, wait_until
+from servekeeper.testing.harness import (
+    MODELS,
+    Servekeeper,
+    free_port,
+    model_urls,
+    models_answer,
+    registry_spec,
+    wait_until,
+)
 from servekeeper.testing.load import Load
 
 RESULTS = Path(__file__).parent / "results"
 
 
 def run_case(probes: bool, clients: int) -> dict[str, Any]:
+    """One upgrade of the registry under load, on a daemon of its own (also what
+    tests/integration/test_dynamic_apps.py runs, so this benchmark cannot rot)."""
     sk = Servekeeper(Path(tempfile.mkdtemp(prefix="skbench-")), Path(tempfile.mkdtemp()))
     port = free_port()
+    leftovers: list[str] = []
     try:
         sk.up()
         sk.apply(registry_spec(port, probes=probes))
@@ -38,15 +49,18 @@ def run_case(probes: bool, clients: int) -> dict[str, Any]:
             switched = db.execute(
                 "SELECT time FROM events WHERE reason = 'TrafficSwitched' ORDER BY id DESC LIMIT 1"
             ).fetchone()[0]
-        return {
+        bodies = load.result.bodies
+        report = {
             "probe": probes,
             "requests_ok": load.result.ok,
             "failed": load.result.failed,
             "failures_by_kind": dict(load.result.failures),
             "apply_to_switch_s": round(switched - applied, 2),
+            "models_answering_v2": [m for m in MODELS if any(f'"{m}"' in b and '"v2"' in b for b in bodies)],
         }
     finally:
-        sk.down_and_check_nothing_left()
+        leftovers = sk.down_and_check_nothing_left()
+    return {**report, "leftover_processes": leftovers}
 
 
 def main() -> None:

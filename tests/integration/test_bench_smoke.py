@@ -91,13 +91,6 @@ def test_control_plane_smoke(tmp_path: Path) -> None:
     assert (tmp_path / "control_plane_scale.png").exists()
 
 
-def test_registry_upgrade_smoke(tmp_path: Path) -> None:
-    out = tmp_path / "registry.json"
-    run_bench("registry_upgrade", "--clients", "8", "--out", str(out), timeout=900)
-    report = json.loads(out.read_text())
-    assert report["with_probe"]["failed"] == 0
-
-
 def test_canary_faulty_smoke(tmp_path: Path) -> None:
     # One 20% step and minRequests 20: the abort comes two intervals after the canary takes
     # traffic even when the shared machine serves few requests a second.

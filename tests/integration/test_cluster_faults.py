@@ -100,7 +100,7 @@ def test_pending_clusters_that_cannot_come_up_fail_the_rollout_and_v1_keeps_serv
         broken["spec"]["serveConfig"]["applications"][0]["args"]["fail_on_start"] = True
         fails(broken, "DEPLOY_FAILED")
         # A port the pending cluster needs is taken: its Serve proxy cannot listen, so it never gets ready.
-        taken = hello_spec("sturdy", port, head_cpus=2, readinessTimeoutSeconds=40)
+        taken = hello_spec("sturdy", port, head_cpus=2, readinessTimeoutSeconds=25)
         sk.apply(taken)
         wait_until(lambda: len(sk.clusters()) == 2, 30, "the pending cluster's record")
         pending = [c for c in sk.clusters() if c["name"] != active][0]

@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 import pytest
+from bench.registry_upgrade import run_case
 
 from servekeeper.testing.harness import (
     MODELS,
@@ -14,7 +15,6 @@ from servekeeper.testing.harness import (
     free_port,
     hello_spec,
     model_urls,
-    models_answer,
     registry_spec,
     wait_until,
 )
@@ -82,30 +82,17 @@ def test_controller_kill9_then_in_place_change_leaves_run_time_apps_untouched(sk
     assert len(sk.submissions()) == 2, "only the first config and the change were submitted"
 
 
-def _upgrade_under_load(sk: Servekeeper, probes: bool) -> Load:
-    port = free_port()
-    sk.up()
-    sk.apply(registry_spec(port, probes=probes))
-    assert sk.wait("registry") == 0
-    wait_until(lambda: models_answer(port), 90, "every model to answer")
-    with Load(model_urls(port), clients=CLIENTS, post_share=0) as load:
-        wait_until(lambda: load.result.ok > 50, 30, "load to start")
-        sk.apply(registry_spec(port, version="v2", cpus=2, probes=probes))
-        assert sk.wait("registry") == 0
-        wait_until(lambda: sum(n for body, n in load.result.bodies.items() if '"v2"' in body) > 100, 60, "v2")
-    return load
+def test_registry_upgrade_waits_for_the_probe_and_drops_nothing() -> None:
+    report = run_case(probes=True, clients=CLIENTS)  # the benchmark's own case (BENCHMARKS.md)
+    assert report["failed"] == 0, f"failed requests: {report['failures_by_kind']}"
+    assert report["models_answering_v2"] == MODELS
+    assert report["leftover_processes"] == []
 
 
-def test_registry_upgrade_waits_for_the_probe_and_drops_nothing(sk: Servekeeper) -> None:
-    load = _upgrade_under_load(sk, probes=True)
-    assert load.result.failed == 0, f"failed requests: {dict(load.result.failures)}"
-    for name in MODELS:
-        assert any(f'"{name}"' in body and '"v2"' in body for body in load.result.bodies)
-
-
-def test_registry_upgrade_without_the_probe_drops_requests(sk: Servekeeper) -> None:
-    load = _upgrade_under_load(sk, probes=False)
-    assert load.result.failed > 0, "switching on the static apps alone should have failed model calls"
+def test_registry_upgrade_without_the_probe_drops_requests() -> None:
+    report = run_case(probes=False, clients=CLIENTS)
+    assert report["failed"] > 0, "switching on the static apps alone should have failed model calls"
+    assert report["leftover_processes"] == []
 
 
 def test_serve_config_update_new_cluster_rolls_a_cluster_for_a_serve_only_change(sk: Servekeeper) -> None:
