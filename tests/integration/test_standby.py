@@ -172,7 +172,10 @@ def test_a_warm_standby_takes_over_within_10_s(shared: Shared) -> None:
         time.sleep(2)
         result = load.stop()
     gap = longest_gap(result, killed_at, killed_at + 20)
-    print(f"\nwarm standby: {gap:.1f}s without an answer after the kill; failures {dict(result.failures)}")
+    with shared.sk.db() as db:
+        steps = db.execute("SELECT time, reason FROM events WHERE service = ? AND time >= ?", (NAME, killed_at))
+        timeline = ", ".join(f"{reason} +{when - killed_at:.1f}s" for when, reason in steps.fetchall())
+    print(f"\nwarm standby: {gap:.1f}s without an answer after the kill ({timeline}); {dict(result.failures)}")
     assert gap <= 10.0, f"{gap:.1f}s without an answer after the kill"
     late = {label for when, label in result.timeline if when > killed_at + 12}
     assert late == {"v2"}, late

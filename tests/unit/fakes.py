@@ -168,6 +168,10 @@ class FakeServe:
         apps: dict[str, Any] = {}
         document = self.deployed.get(dashboard_url)
         status, message = self.status.get(dashboard_url, (self.status_after_put, ""))
+        # One replica per app while it runs, none at target_capacity 0 (a warm standby).
+        replicas = (
+            [{"state": "RUNNING"}] if status == "RUNNING" and (document or {}).get("target_capacity") != 0 else []
+        )
         for app in (document or {}).get("applications", []):
             apps[app.get("name", "default")] = {
                 "status": status,
@@ -175,6 +179,7 @@ class FakeServe:
                 "message": message,
                 "route_prefix": app.get("route_prefix", "/"),
                 "deployed_app_config": copy.deepcopy(app),
+                "deployments": {"D": {"status": "HEALTHY", "replicas": replicas}},
             }
         return parse_applications({"applications": apps})
 

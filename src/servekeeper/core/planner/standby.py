@@ -44,7 +44,7 @@ def take_over(ctx: PlanContext, active: ClusterRecord, why: str) -> bool:
     standby = ready_standby(ctx, active) or warm_standby(ctx, active)
     if standby is None or not ctx.observed(standby).processes_alive:
         return False
-    if standby.target_capacity is not None and not ctx.settled_at(standby, 100.0):
+    if standby.target_capacity is not None and not scaled_up(ctx, standby):
         if standby.takeover_started_at is None:
             standby = ctx.update_cluster(standby, takeover_started_at=ctx.now)
             ctx.event("StandbyScalingUp", f"{why}; scaling warm standby {standby.name} to all its replicas", True)
@@ -76,6 +76,14 @@ def take_over(ctx: PlanContext, active: ClusterRecord, why: str) -> bool:
         warning=True,
     )
     return True
+
+
+def scaled_up(ctx: PlanContext, standby: ClusterRecord) -> bool:
+    """A warm standby scaled to 100 serves: Ray shows every deployment HEALTHY at that capacity
+    and each app with a replica RUNNING (just after the PUT Serve may still call a deployment
+    HEALTHY at its old target, with no replica yet: traffic moved then would get 503s)."""
+    judged = ctx.judged_apps(ctx.observed(standby))
+    return ctx.settled_at(standby, 100.0) and all(app.running_replicas > 0 for app in judged.values())
 
 
 def warm_standby(ctx: PlanContext, active: ClusterRecord) -> ClusterRecord | None:
