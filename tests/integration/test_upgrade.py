@@ -82,33 +82,3 @@ def test_bad_import_path_in_an_upgrade_fails_the_rollout_and_v1_keeps_serving(sk
     assert "hello_missing" in failed["message"] or "DEPLOY_FAILED" in failed["message"]
     assert sk.condition("badcode", "Ready")["status"] == "True"
     assert sk.get("badcode")["activeCluster"]["name"] == old["name"]
-
-
-def test_controller_killed_mid_upgrade_drops_nothing_and_resumes_without_a_second_put(sk: Servekeeper) -> None:
-    port = free_port()
-    sk.up()
-    old = _first_rollout(sk, "crashy", port)
-
-    with Load(f"http://127.0.0.1:{port}/", clients=CLIENTS) as load:
-        wait_until(lambda: load.result.ok > 50, 30, "load to start")
-        sk.apply(hello_spec("crashy", port, msg="v2", head_cpus=2, ready_delay_s=READY_DELAY_S))
-        # Kill once the config is on the pending cluster and its replicas are still loading.
-        wait_until(
-            lambda: any(c["applied_config_hash"] and c["name"] != old["name"] for c in sk.clusters()),
-            90,
-            "the config to be submitted to the pending cluster",
-        )
-        sk.kill_controller()
-        pending = [c for c in sk.clusters() if c["name"] != old["name"]][0]
-        assert pending["role"] == "pending"
-        sk.up()
-        assert sk.wait("crashy") == 0
-        wait_until(lambda: _old_cluster_gone(sk, old), 90, "the old cluster to drain and go")
-        wait_until(lambda: load.result.bodies["v2"] > 50, 30, "v2 responses")
-    result = load.result
-
-    assert result.failed == 0, f"failed requests: {dict(result.failures)}"
-    assert sk.get("crashy")["activeCluster"]["name"] == pending["name"]
-    submitted_to = [cluster for cluster, _ in sk.submissions()]
-    assert submitted_to.count(pending["name"]) == 1, f"config PUT more than once: {sk.submissions()}"
-    assert submitted_to.count(old["name"]) == 0  # its audit rows went with its record (bounded store)
