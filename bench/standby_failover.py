@@ -27,7 +27,7 @@ import yaml
 from bench.loadgen import exit_cleanly_on_sigterm
 from bench.zero_downtime import RESULTS
 from servekeeper.providers.local import session_members
-from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, kill_local_cluster, wait_until
 from servekeeper.testing.load import Load
 
 NAME = "failover"
@@ -70,11 +70,7 @@ def one_round(sk: Servekeeper, mode: str, clients: int, settle: float) -> dict[s
     with Load(f"http://127.0.0.1:{port}/", clients=clients, timeout=10) as load:
         wait_until(lambda: load.result.ok > 100, 30, "load to start")
         killed_at = time.time()
-        for process in session_members((active["headPid"],)):
-            try:
-                process.kill()
-            except psutil.Error:
-                continue
+        kill_local_cluster(active["headPid"])
 
         def recovered() -> bool:
             view = sk.api_get(NAME)

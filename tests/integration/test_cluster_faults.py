@@ -7,23 +7,12 @@ import socket
 import time
 
 import httpx
-import psutil
 import pytest
 
-from servekeeper.providers.local import session_members
-from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, pid_alive, wait_until
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, kill_local_cluster, pid_alive, wait_until
 from servekeeper.testing.load import Load
 
 pytestmark = pytest.mark.ray
-
-
-def kill_cluster(head_pid: int) -> None:
-    """Like the machine losing the head: every process of the cluster, at once, SIGKILL."""
-    for process in session_members((head_pid,)):
-        try:
-            process.kill()
-        except psutil.Error:
-            continue
 
 
 def test_dead_active_head_is_reported_at_once_answered_503_fast_and_replaced(sk: Servekeeper) -> None:
@@ -36,7 +25,7 @@ def test_dead_active_head_is_reported_at_once_answered_503_fast_and_replaced(sk:
     with Load(f"http://127.0.0.1:{port}/", clients=8, timeout=10) as load:
         wait_until(lambda: load.result.ok > 20, 30, "load to start")
         killed_at = time.time()
-        kill_cluster(dead["headPid"])
+        kill_local_cluster(dead["headPid"])
         wait_until(lambda: sk.condition("phoenix", "Ready")["status"] == "False", 5, "Ready to turn False")
         reported_after = time.time() - killed_at
         started = time.monotonic()

@@ -13,11 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from servekeeper.providers.local import session_members
-from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, kill_local_cluster, wait_until
 from servekeeper.testing.load import Load, LoadResult
 
 pytestmark = pytest.mark.ray
@@ -70,15 +68,6 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
         assert not leftovers, f"processes left behind: {leftovers}"
 
 
-def kill_cluster(head_pid: int) -> None:
-    """Every process of a local cluster at once, SIGKILL: like losing the head."""
-    for process in session_members((head_pid,)):
-        try:
-            process.kill()
-        except psutil.Error:
-            continue
-
-
 def longest_gap(result: LoadResult, start: float, end: float) -> float:
     """The longest time without an answered request between `start` and `end`."""
     answered = sorted(when for when, label in result.timeline if label.startswith("v"))  # a version answered
@@ -95,7 +84,7 @@ def test_a_killed_active_head_fails_over_in_the_data_plane_even_with_the_control
         wait_until(lambda: load.result.ok > 200, 30, "load to start")
         shared.sk.kill_controller()  # kill -9: the failover must not need it
         killed_at = time.time()
-        kill_cluster(active["headPid"])
+        kill_local_cluster(active["headPid"])
         time.sleep(4)  # the ingress alone serves from the standby meanwhile
         served_alone = [label for when, label in load.result.timeline if killed_at + 1 < when]
         shared.sk.up()
@@ -144,7 +133,7 @@ def test_a_standby_that_dies_is_rebuilt_and_the_active_never_notices(shared: Sha
     active = shared.view()["activeCluster"]
     killed_at = time.time()
     with Load(shared.url, clients=8, timeout=10) as load:
-        kill_cluster(standby["headPid"])
+        kill_local_cluster(standby["headPid"])
         wait_until(lambda: shared.messages("StandbyReplaced", killed_at), 30, "the dead standby replaced")
         replacement = shared.wait_standby_ready()
         result = load.stop()
@@ -167,7 +156,7 @@ def test_a_warm_standby_is_scaled_up_and_takes_over(shared: Shared) -> None:
     with Load(f"http://127.0.0.1:{port}/", clients=16, timeout=10) as load:
         wait_until(lambda: load.result.ok > 100, 30, "load to start")
         killed_at = time.time()
-        kill_cluster(active["headPid"])
+        kill_local_cluster(active["headPid"])
         wait_until(lambda: "StandbyPromoted" in shared.sk.events("warm"), 60, "the warm standby promoted")
         wait_until(lambda: load.result.timeline[-1][1] == "v-warm", 30, "answers again")
         time.sleep(max(0.0, killed_at + 22 - time.time()))

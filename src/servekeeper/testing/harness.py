@@ -18,7 +18,7 @@ import httpx
 import psutil
 import yaml
 
-from servekeeper.providers.local import tagged_processes
+from servekeeper.providers.local import session_members, tagged_processes
 from servekeeper.providers.ports import PortAllocator
 
 REPO = Path(__file__).resolve().parents[3]  # src/servekeeper/testing/harness.py -> the checkout
@@ -220,6 +220,15 @@ class Servekeeper:
             except psutil.Error:
                 continue
         return leftovers
+
+
+def kill_local_cluster(head_pid: int) -> None:
+    """Like the machine losing the head: every process of a local cluster, at once, SIGKILL."""
+    for process in session_members((head_pid,)):
+        try:
+            process.kill()
+        except psutil.Error:
+            continue
 
 
 def pid_alive(pid: int) -> bool:
