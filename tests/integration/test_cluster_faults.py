@@ -62,14 +62,14 @@ def test_pending_clusters_that_cannot_come_up_fail_the_rollout_and_v1_keeps_serv
     active = sk.get("sturdy")["activeCluster"]["name"]
     generation = 1
 
-    def fails(document: dict, cause: str) -> None:  # type: ignore[type-arg]
+    def fails(document: dict, *causes: str) -> None:  # type: ignore[type-arg]
         nonlocal generation
         generation += 1
         sk.apply(document)
         assert sk.wait("sturdy", timeout=180) == 1, f"generation {generation} should have failed"
         failed = sk.condition("sturdy", "RolloutFailed")
         assert failed["status"] == "True"
-        assert cause in f"{failed['reason']}: {failed['message']}", failed
+        assert any(cause in f"{failed['reason']}: {failed['message']}" for cause in causes), failed
         wait_until(lambda: [c["name"] for c in sk.clusters()] == [active], 60, "the failed cluster to go")
 
     with Load(f"http://127.0.0.1:{port}/", clients=16) as load:
@@ -88,6 +88,10 @@ def test_pending_clusters_that_cannot_come_up_fail_the_rollout_and_v1_keeps_serv
         broken = hello_spec("sturdy", port, head_cpus=2)
         broken["spec"]["serveConfig"]["applications"][0]["args"]["fail_on_start"] = True
         fails(broken, "DEPLOY_FAILED")
+        # An import path that names no module: Serve's own message (or its status) is the cause.
+        missing = hello_spec("sturdy", port, head_cpus=2, import_path="hello_missing:app")
+        fails(missing, "hello_missing", "DEPLOY_FAILED")
+        assert sk.condition("sturdy", "Ready")["status"] == "True", "v1 still serves: the service stays Ready"
         # A port the pending cluster needs is taken: its Serve proxy cannot listen, so it never gets ready.
         taken = hello_spec("sturdy", port, head_cpus=2, readinessTimeoutSeconds=25)
         sk.apply(taken)

@@ -1,10 +1,13 @@
 """`kill -9` of the controller at each phase of an upgrade, under load (crash points are injected
 deterministically by a test hook, not by sleeping and hoping).
 
-One service goes through one upgrade per crash point (the cluster shape alternates, so each is a
-new cluster), each with a daemon armed to die at that point, then a fresh daemon that must
-finish the upgrade: zero failed requests, the config sent once to the new cluster, nothing of the
-old cluster left.
+One service goes through one upgrade per pair of crash points (the cluster shape alternates, so
+each is a new cluster): a daemon armed to die at the first point, then its successor, resuming
+that upgrade, armed to die at the second, then a fresh daemon that must finish it: zero failed
+requests, the config sent once to the new cluster (twice when a crash came between its audit and
+its PUT), nothing of the old cluster left. Every crash point is in one pair; a resumed upgrade is
+crashed again, so recovery from a recovery is tested too. (Each point alone, and every point
+again from a crash: the simulator's crash matrix in tests/unit.)
 """
 
 from __future__ import annotations
@@ -53,9 +56,25 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         assert not leftovers, f"processes left behind: {leftovers}"
 
 
-@pytest.mark.parametrize("phase", CRASH_POINTS)
-def test_controller_killed_at_each_phase_of_an_upgrade(service: Service, phase: str) -> None:
+# Each second point comes after the first in an upgrade, and is still ahead once the first
+# crash's successor resumes it ("waiting-for-ready" only leads: a resumed daemon may find the apps
+# ready already).
+CRASH_PAIRS = (
+    ("cluster-intent-written", "config-audited"),
+    ("pending-started", "config-submitted"),
+    ("waiting-for-ready", "route-switched"),
+    ("draining", "deleting-old"),
+)
+
+
+def test_the_pairs_cover_every_crash_point_once() -> None:
+    assert sorted(point for pair in CRASH_PAIRS for point in pair) == sorted(CRASH_POINTS)
+
+
+@pytest.mark.parametrize("phases", CRASH_PAIRS, ids=["+".join(pair) for pair in CRASH_PAIRS])
+def test_controller_killed_at_two_phases_of_an_upgrade(service: Service, phases: tuple[str, str]) -> None:
     sk = service.sk
+    phase = "+".join(phases)
     old = sk.clusters()[0]
     # A removed cluster's audit rows go with it (bounded growth): count the PUTs of clusters new
     # in this test, and the clusters created, from the events (they stay).
@@ -63,7 +82,7 @@ def test_controller_killed_at_each_phase_of_an_upgrade(service: Service, phase: 
     with sk.db() as db:
         last_event = db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
     sk.kill_controller()
-    sk.up(crash_at=phase)
+    sk.up(crash_at=phases[0])
 
     with Load(f"http://127.0.0.1:{service.port}/", clients=CLIENTS) as load:
         wait_until(lambda: load.result.ok > 20, 30, "load to start")
@@ -72,6 +91,9 @@ def test_controller_killed_at_each_phase_of_an_upgrade(service: Service, phase: 
         sk.apply(spec)
         sk.wait_controller_gone(doomed, 120)
         seen = {c["name"]: c for c in sk.clusters()}
+        sk.up(crash_at=phases[1])
+        sk.wait_controller_gone(sk.controller_pid(), 120)
+        seen.update({c["name"]: c for c in sk.clusters()})
         sk.up()
         assert sk.wait(NAME) == 0, sk.cli("describe", NAME).stdout
         wait_until(lambda: old["name"] not in [c["name"] for c in sk.clusters()], 90, "the old cluster to go")
@@ -85,7 +107,7 @@ def test_controller_killed_at_each_phase_of_an_upgrade(service: Service, phase: 
     assert new["generation"] == sk.get(NAME)["generation"] and new["name"] != old["name"]
     audited = [cluster for cluster, _ in sk.submissions() if cluster not in clusters_before]
     # Audited before it is sent: a crash between the audit and the PUT leaves one row unsent.
-    expected = 2 if phase == "config-audited" else 1
+    expected = 2 if "config-audited" in phases else 1
     assert audited == [new["name"]] * expected, f"{phase}: config PUTs {sk.submissions()}"
     # At most one cluster made for the upgrade, the crash notwithstanding (a crash right after its
     # intent was written may come before its event is stored): no PUT went to another one.

@@ -61,24 +61,3 @@ def test_switching_on_healthy_instead_of_ready_drops_requests(sk: Servekeeper) -
         assert sk.wait("weakgate") == 0
         wait_until(lambda: load.result.bodies["v2"] > 50, 60, "v2 responses")
     assert load.result.failed > 0, "switching before the apps are RUNNING should have failed requests"
-
-
-def test_bad_import_path_in_an_upgrade_fails_the_rollout_and_v1_keeps_serving(sk: Servekeeper) -> None:
-    port = free_port()
-    sk.up()
-    old = _first_rollout(sk, "badcode", port)
-
-    with Load(f"http://127.0.0.1:{port}/", clients=CLIENTS) as load:
-        wait_until(lambda: load.result.ok > 50, 30, "load to start")
-        sk.apply(hello_spec("badcode", port, msg="v2", head_cpus=2, import_path="hello_missing:app"))
-        assert sk.wait("badcode") == 1
-        wait_until(lambda: [c["name"] for c in sk.clusters()] == [old["name"]], 60, "the failed cluster to go")
-    result = load.result
-
-    assert result.failed == 0, f"failed requests: {dict(result.failures)}"
-    assert set(result.bodies) == {"v1"}
-    failed = sk.condition("badcode", "RolloutFailed")
-    assert failed["status"] == "True"
-    assert "hello_missing" in failed["message"] or "DEPLOY_FAILED" in failed["message"]
-    assert sk.condition("badcode", "Ready")["status"] == "True"
-    assert sk.get("badcode")["activeCluster"]["name"] == old["name"]
