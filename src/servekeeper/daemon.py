@@ -39,6 +39,7 @@ from servekeeper.model.enums import SwitchGate
 from servekeeper.providers.local import LocalProvider
 from servekeeper.providers.pool import PoolProvider
 from servekeeper.providers.ports import PortAllocator
+from servekeeper.providers.redis_server import RedisServer, redis_dir
 from servekeeper.providers.router import ProviderRouter
 from servekeeper.store.store import Store, private_state_dir
 from servekeeper.web.pages import Dashboard
@@ -154,6 +155,8 @@ async def run_daemon(
             await _wind_down(stop, background)
             await controller.shutdown(stop_clusters=shutdown.stop_clusters)
             await _let_go(state_dir, dataplane, shutdown.stop_clusters)
+            if shutdown.stop_clusters and not store.list_clusters():  # no GCS needs it any more
+                await asyncio.to_thread(RedisServer(redis_dir(state_dir)).stop)
             store.close()
             lock.close()
 

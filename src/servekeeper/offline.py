@@ -17,6 +17,7 @@ from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import ClusterProvider, ProviderError
 from servekeeper.providers.local import LocalProvider
 from servekeeper.providers.pool import PoolProvider
+from servekeeper.providers.redis_server import RedisServer, redis_dir
 from servekeeper.providers.router import ProviderRouter
 from servekeeper.store.store import Store
 
@@ -105,6 +106,8 @@ async def _stop_everything(state_dir: Path) -> OfflineStop:
                 result.stopped += 1
             else:
                 result.kept.append(f"{cluster.name}: {problem}")
+        if not result.kept:  # no GCS needs it any more
+            await asyncio.to_thread(RedisServer(redis_dir(state_dir)).stop)
         if (state_dir / "dataplane").is_dir():
             dataplane = DataPlane(state_dir)
             await dataplane.stop()  # the recorded Envoy processes, without starting any
@@ -116,6 +119,7 @@ async def _stop_everything(state_dir: Path) -> OfflineStop:
 
 async def _stop_one(provider: ClusterProvider, store: Store, cluster: ClusterRecord) -> str | None:
     """None when every process of the cluster is gone (its record removed); else why it is kept."""
+
     def record(**changes: object) -> None:  # a node stopped for sure is never stopped again
         store.update_cluster(cluster.name, **changes)
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from servekeeper.kuberay.fields import REDIS_GCS_REASON
+from servekeeper.kuberay.fields import FT_ENABLED_REASON, GCS_NEEDS_POOL_REASON
 from servekeeper.kuberay.notes import NoteKind
 from servekeeper.kuberay.quantity import parse_duration_seconds, quantity_value
 from servekeeper.kuberay.translate import ImportResult, import_documents
@@ -135,11 +135,29 @@ def test_ingress_port_annotation_wins_over_serve_config() -> None:
     assert run_import(documents).spec.spec.ingress.port == 9123
 
 
-def test_the_high_availability_sample_is_refused_for_its_redis_with_what_to_use_instead() -> None:
-    assert problems(sample_documents("ray-service.high-availability.yaml")) == [
-        f"spec.rayClusterConfig.gcsFaultToleranceOptions: {REDIS_GCS_REASON}"
+HA_SECRET = {"redis-password-secret": {"password": "5241590000000000"}}
+HA_GCS = "spec.rayClusterConfig.gcsFaultToleranceOptions"
+
+
+def test_the_high_availability_sample_maps_its_redis_once_the_secret_and_a_pool_exist() -> None:
+    documents = sample_documents("ray-service.high-availability.yaml")
+    assert problems(documents) == [
+        f"{HA_GCS}.redisPassword.valueFrom.secretKeyRef: secret 'redis-password-secret' with key 'password' does "
+        "not exist here; create it with: servekeeper secret set redis-password-secret password=- (the value on "
+        "standard input)",
+        f"{HA_GCS}: {GCS_NEEDS_POOL_REASON}",
     ]
-    assert "backend: rocksdb" in REDIS_GCS_REASON
+    documents[0]["metadata"].setdefault("annotations", {}).update(pool_extensions())
+    result = run_import(documents, secrets=HA_SECRET)
+    fault_tolerance = result.spec.spec.rayClusterConfig.gcsFaultTolerance
+    assert fault_tolerance is not None and fault_tolerance.backend == "redis" and fault_tolerance.redis is not None
+    assert fault_tolerance.redis.address == "redis:6379"
+    assert fault_tolerance.redis.passwordSecret is not None
+    assert (fault_tolerance.redis.passwordSecret.name, fault_tolerance.redis.passwordSecret.key) == (
+        "redis-password-secret",
+        "password",
+    )
+    assert "5241590000000000" not in result.spec.to_json(), "the password stays in the secret"
 
 
 def pool_extensions(**more: Any) -> dict[str, str]:
@@ -168,13 +186,28 @@ def test_rocksdb_without_a_pool_is_refused_naming_the_annotation_to_add() -> Non
     assert problem.startswith("spec.rayClusterConfig.gcsFaultToleranceOptions: ") and '"hostPool"' in problem
 
 
-def test_redis_backend_and_the_ft_enabled_annotation_are_refused() -> None:
+def test_redis_options_a_literal_password_another_user_and_the_ft_enabled_annotation() -> None:
     document = minimal()
-    cluster(document)["gcsFaultToleranceOptions"] = {"backend": "redis", "redisAddress": "redis:6379"}
-    assert problems([document]) == [f"spec.rayClusterConfig.gcsFaultToleranceOptions.backend: {REDIS_GCS_REASON}"]
+    document["metadata"]["annotations"] = pool_extensions()
+    cluster(document)["gcsFaultToleranceOptions"] = {"backend": "redis", "externalStorageNamespace": "mine"}
+    result = run_import([document])
+    fault_tolerance = result.spec.spec.rayClusterConfig.gcsFaultTolerance
+    assert fault_tolerance is not None and fault_tolerance.redis is not None
+    assert fault_tolerance.redis.address is None, "no redisAddress: the Redis servekeeper runs"
+    assert {("changed", f"{HA_GCS}.redisAddress"), ("ignored", f"{HA_GCS}.externalStorageNamespace")} <= notes(result)
+    cluster(document)["gcsFaultToleranceOptions"] = {
+        "redisAddress": "redis:6379",
+        "redisUsername": "ray",
+        "redisPassword": {"value": "hunter2"},
+    }
+    assert problems([document]) == [
+        f"{HA_GCS}.redisUsername: Ray's default Redis user only ('default')",
+        f"{HA_GCS}.redisPassword.value: a literal password would be stored with the spec: put it in a servekeeper "
+        "secret (servekeeper secret set NAME KEY=-) and use valueFrom.secretKeyRef",
+    ]
     document = minimal()
     document["metadata"]["annotations"] = {"ray.io/ft-enabled": "true"}
-    assert problems([document]) == [f'metadata.annotations["ray.io/ft-enabled"]: {REDIS_GCS_REASON}']
+    assert problems([document]) == [f'metadata.annotations["ray.io/ft-enabled"]: {FT_ENABLED_REASON}']
 
 
 def test_host_pins_name_existing_groups() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from servekeeper.core.planner.standby import REBUILD_AFTER_TAKEOVER_SECONDS
 from servekeeper.model.enums import ClusterRole, ConditionType
 from servekeeper.model.records import ClusterRecord
 from servekeeper.model.spec import ServiceSpec
@@ -66,7 +67,10 @@ async def test_the_active_head_exiting_promotes_the_standby_and_a_new_one_is_bui
     promoted = [e for e in world.events() if e.reason == "StandbyPromoted"]
     assert len(promoted) == 1 and f"the head of {active.name} exited" in promoted[0].message
     assert not [e for e in world.events() if e.reason == "ClusterCreating" and "ActiveUnhealthy" in e.message]
-    await settle(world, 6)
+    # The next standby waits: its head's start would take the cores the new active needs now.
+    await settle(world, int(REBUILD_AFTER_TAKEOVER_SECONDS) - 2)
+    assert world.clusters(ClusterRole.STANDBY) == []
+    await settle(world, 8)
     new_standby = world.only(ClusterRole.STANDBY)
     assert new_standby.name not in (active.name, standby.name) and new_standby.ready_at is not None
     assert world.dataplane.table["svc"].standby == new_standby.name

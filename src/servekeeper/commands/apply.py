@@ -20,6 +20,7 @@ from servekeeper.kuberay.translate import ImportResult, import_documents, kubera
 from servekeeper.model.documents import is_kuberay
 from servekeeper.model.records import ServiceRecord
 from servekeeper.model.spec import ServiceSpec, SpecError, parse_spec
+from servekeeper.providers.gcs_storage import storage_problems
 from servekeeper.providers.machine import machine_capacity
 from servekeeper.providers.pool import pool_problems
 from servekeeper.rayapi.package import PackageError, package_for_spec, prune_packages
@@ -61,7 +62,11 @@ class ApplyCommand:
     def capacity_problems(self, spec: ServiceSpec) -> list[str]:
         """Why the spec's cluster can never be placed (on its host pool, or on this machine)."""
         if spec.spec.rayClusterConfig.hostPool is not None:
-            return pool_problems(self.context.store, spec.spec.rayClusterConfig)
+            secrets_dir = self.context.secrets_dir
+            secrets = read_secrets(secrets_dir) if secrets_dir is not None else {}
+            return pool_problems(self.context.store, spec.spec.rayClusterConfig) + storage_problems(
+                spec.spec.rayClusterConfig, secrets
+            )
         return insufficient_capacity(spec, machine_capacity())
 
     async def _store_spec(self, spec: ServiceSpec, imported: dict[str, Any] | None) -> dict[str, Any]:

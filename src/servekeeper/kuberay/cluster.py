@@ -18,7 +18,6 @@ from servekeeper.kuberay.fields import (
     IGNORED_WORKER_FIELDS,
     POD_FIELD_REASONS,
     RAY_VERSION_PATTERN,
-    REDIS_GCS_REASON,
     REFUSED_CLUSTER_FIELDS,
     as_list,
     as_mapping,
@@ -93,22 +92,59 @@ class ClusterTranslation:
         return config
 
     def gcs_fault_tolerance(self, path: str, options: dict[str, Any]) -> dict[str, Any] | None:
-        """KubeRay's embedded RocksDB backend is servekeeper's; Redis (KubeRay's default when a
-        redisAddress is given) is refused with what to use instead."""
-        backend = options.get("backend")
-        if backend != "rocksdb":
-            self.findings.refuse(f"{path}.backend" if backend is not None else path, REDIS_GCS_REASON)
+        """KubeRay's backends, both servekeeper's: the embedded RocksDB, and Redis (KubeRay's
+        default; `redisAddress` the user's Redis, its password from a servekeeper secret)."""
+        backend = options.get("backend", "redis")
+        if backend == "rocksdb":
+            if "storage" in options:
+                self.findings.note(
+                    NoteKind.IGNORED,
+                    f"{path}.storage",
+                    "no volume to claim: the store is a directory beside the head's temp dir on its pool host, "
+                    "removed with the cluster",
+                )
+            for key in sorted(set(options) - {"backend", "storage"}):
+                self.findings.note(NoteKind.IGNORED, f"{path}.{key}", "a Redis setting: not used by backend rocksdb")
+            return {"backend": "rocksdb"}
+        if backend != "redis":
+            self.findings.refuse(f"{path}.backend", f"{backend!r} is not a backend: rocksdb or redis")
             return None
-        if "storage" in options:
+        return {"backend": "redis", "redis": self.redis_options(path, options)}
+
+    def redis_options(self, path: str, options: dict[str, Any]) -> dict[str, Any]:
+        redis: dict[str, Any] = {}
+        if options.get("redisAddress") is not None:
+            redis["address"] = str(options["redisAddress"])
+        else:
+            self.findings.note(
+                NoteKind.CHANGED, f"{path}.redisAddress", "unset: servekeeper runs a Redis for it on its own machine"
+            )
+        if str(options.get("redisUsername", "default") or "default") != "default":
+            self.findings.refuse(f"{path}.redisUsername", "Ray's default Redis user only ('default')")
+        if "externalStorageNamespace" in options:
             self.findings.note(
                 NoteKind.IGNORED,
-                f"{path}.storage",
-                "no volume to claim: the store is a directory beside the head's temp dir on its pool host, "
-                "removed with the cluster",
+                f"{path}.externalStorageNamespace",
+                "each cluster's tables go in a namespace of its own (its name), removed with it",
             )
-        for key in sorted(set(options) - {"backend", "storage"}):
-            self.findings.note(NoteKind.IGNORED, f"{path}.{key}", "a Redis setting: not used by backend rocksdb")
-        return {"backend": "rocksdb"}
+        password = as_mapping(options.get("redisPassword"))
+        if "value" in password:
+            self.findings.refuse(
+                f"{path}.redisPassword.value",
+                "a literal password would be stored with the spec: put it in a servekeeper secret "
+                "(servekeeper secret set NAME KEY=-) and use valueFrom.secretKeyRef",
+            )
+        ref = as_mapping(as_mapping(password.get("valueFrom")).get("secretKeyRef"))
+        if ref:
+            secret, key = str(ref.get("name")), str(ref.get("key"))
+            if key not in self.secrets.get(secret, {}):
+                self.findings.refuse(
+                    f"{path}.redisPassword.valueFrom.secretKeyRef",
+                    f"secret {secret!r} with key {key!r} does not exist here; create it with: "
+                    f"servekeeper secret set {secret} {key}=- (the value on standard input)",
+                )
+            redis["passwordSecret"] = {"name": secret, "key": key}
+        return redis
 
     def check_version(self, path: str, text: str, what: str) -> None:
         match = RAY_VERSION_PATTERN.match(text)

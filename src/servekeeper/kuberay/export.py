@@ -202,8 +202,21 @@ def _cluster_config(
             for group in config.workerGroups
         ]
     if config.gcsFaultTolerance is not None:
-        cluster["gcsFaultToleranceOptions"] = {"backend": config.gcsFaultTolerance.backend}
+        cluster["gcsFaultToleranceOptions"] = _fault_tolerance_options(config)
     return cluster
+
+
+def _fault_tolerance_options(config: RayClusterConfigSpec) -> dict[str, Any]:
+    """KubeRay's names; a Redis servekeeper runs (no address) has none: `backend: redis` alone."""
+    assert config.gcsFaultTolerance is not None
+    options: dict[str, Any] = {"backend": config.gcsFaultTolerance.backend}
+    redis = config.gcsFaultTolerance.redis
+    if redis is not None and redis.address is not None:
+        options["redisAddress"] = redis.address
+    if redis is not None and redis.passwordSecret is not None:
+        ref = {"name": redis.passwordSecret.name, "key": redis.passwordSecret.key}
+        options["redisPassword"] = {"valueFrom": {"secretKeyRef": ref}}
+    return options
 
 
 def render_manifest(manifest: dict[str, Any], comments: list[str]) -> str:

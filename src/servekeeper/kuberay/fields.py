@@ -89,10 +89,10 @@ IGNORED_WORKER_FIELDS = {
 }
 GCS_FT_OPTIONS = "gcsFaultToleranceOptions"
 FT_ENABLED_ANNOTATION = "ray.io/ft-enabled"  # KubeRay's older switch for Redis-backed GCS fault tolerance
-REDIS_GCS_REASON = (
-    "GCS fault tolerance with Redis is not available on this provider yet; use backend: rocksdb (the head is "
-    "started again in place on its pool host, with its GCS tables), or remove it: servekeeper replaces a "
-    "cluster whose head dies"
+FT_ENABLED_REASON = (
+    "KubeRay's older switch (Redis named by the head container's RAY_REDIS_ADDRESS) is not read; say it with "
+    "spec.rayClusterConfig.gcsFaultToleranceOptions: {redisAddress, redisPassword: {valueFrom: {secretKeyRef}}} "
+    "(or backend: rocksdb)"
 )
 GCS_NEEDS_POOL_REASON = (
     'a head is restarted in place on a host pool only: add "hostPool": "NAME" to the servekeeper.io/extensions '

@@ -24,12 +24,12 @@ from servekeeper.kuberay.fields import (
     EXTENSION_KEYS,
     EXTENSIONS_ANNOTATION,
     FT_ENABLED_ANNOTATION,
+    FT_ENABLED_REASON,
     GCS_FT_OPTIONS,
     GCS_NEEDS_POOL_REASON,
     IGNORED_SPEC_FIELDS,
     INGRESS_PORT_ANNOTATION,
     INITIALIZING_TIMEOUT_ANNOTATION,
-    REDIS_GCS_REASON,
     REFUSED_CLUSTER_FIELDS,
     as_mapping,
 )
@@ -214,7 +214,7 @@ class _ServiceTranslation:
         host pool only (named in the extensions annotation, which KubeRay has no field for)."""
         path = f'metadata.annotations["{FT_ENABLED_ANNOTATION}"]'
         if str(annotations.get(FT_ENABLED_ANNOTATION, "")).lower() == "true" and GCS_FT_OPTIONS not in cluster:
-            self.findings.refuse(path, REDIS_GCS_REASON)
+            self.findings.refuse(path, FT_ENABLED_REASON)
         if "gcsFaultTolerance" in config and config.get("hostPool") is None:
             self.findings.refuse(f"spec.rayClusterConfig.{GCS_FT_OPTIONS}", GCS_NEEDS_POOL_REASON)
 

@@ -49,7 +49,15 @@ OWNED_START_PARAMS = frozenset(
 StartParamValue = str | int | float | bool
 
 # Set on the nodes by servekeeper when gcsFaultTolerance is on.
-GCS_FT_ENV = frozenset({"RAY_gcs_storage", "RAY_gcs_storage_path", "RAY_gcs_rpc_server_reconnect_timeout_s"})
+GCS_FT_ENV = frozenset(
+    {
+        "RAY_gcs_storage",
+        "RAY_gcs_storage_path",
+        "RAY_gcs_rpc_server_reconnect_timeout_s",
+        "RAY_REDIS_ADDRESS",
+        "RAY_external_storage_namespace",
+    }
+)
 
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:
@@ -99,14 +107,63 @@ class WorkerGroupSpec(HeadGroupSpec):
         return name
 
 
+REDIS_ADDRESS = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$")
+
+
+class SecretKeySelector(StrictModel):
+    """A key of a `servekeeper secret`: its value is read when a node starts, never stored in the spec."""
+
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=253)
+
+
+class RedisSpec(StrictModel):
+    """The Redis that keeps the GCS tables. `address` (host:port) is the user's own Redis, which
+    every head host must reach; unset, servekeeper runs one on this machine (Debian's
+    redis-server, AOF on, a generated password) bound to the address the pool's hosts reach it on."""
+
+    address: str | None = None
+    passwordSecret: SecretKeySelector | None = None
+
+    @field_validator("address")
+    @classmethod
+    def _host_and_port(cls, address: str | None) -> str | None:
+        if address is not None and not REDIS_ADDRESS.match(address):
+            raise ValueError(f"{address!r} is not host:port (e.g. 10.0.0.5:6379)")
+        if address is not None and not 0 < int(address.rsplit(":", 1)[1]) < 65536:
+            raise ValueError(f"{address!r}: the port must be 1-65535")
+        return address
+
+    @model_validator(mode="after")
+    def _password_only_for_the_users_redis(self) -> RedisSpec:
+        if self.passwordSecret is not None and self.address is None:
+            raise ValueError("passwordSecret is for a Redis at `address`; the one servekeeper runs has its own")
+        return self
+
+
 class GcsFaultToleranceSpec(StrictModel):
     """Where the head's GCS keeps its tables, so that a head started again finds them: workers
     reconnect, Serve's controller recovers its apps, and the cluster is not replaced.
 
     `rocksdb`: Ray's embedded store, in a directory beside the head (kept with the cluster);
-    the head restarts on the host it ran on."""
+    the head restarts on the host it ran on. `redis`: the tables live in a Redis (`redis`; a
+    namespace per cluster, removed with it), outside the head's host."""
 
-    backend: Literal["rocksdb"] = "rocksdb"
+    backend: Literal["rocksdb", "redis"] = "rocksdb"
+    redis: RedisSpec | None = None
+
+    @model_validator(mode="after")
+    def _redis_settings_need_redis(self) -> GcsFaultToleranceSpec:
+        if self.redis is not None and self.backend != "redis":
+            raise ValueError("redis settings are for backend: redis")
+        return self
+
+    def hash_shape(self) -> dict[str, object]:
+        """Its part of the cluster spec hash: a rocksdb spec hashes as before `redis` existed."""
+        shape = self.model_dump(mode="json")
+        if shape["redis"] is None:
+            shape.pop("redis")
+        return shape
 
 
 class RayClusterConfigSpec(StrictModel):

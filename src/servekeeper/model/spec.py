@@ -281,6 +281,8 @@ class ServiceSpec(StrictModel):
         for key in ("hostPool", "gcsFaultTolerance"):
             if shape.get(key) is None:
                 shape.pop(key, None)
+        if self.spec.rayClusterConfig.gcsFaultTolerance is not None:
+            shape["gcsFaultTolerance"] = self.spec.rayClusterConfig.gcsFaultTolerance.hash_shape()
         return _digest(shape)
 
     def serve_config_hash(self) -> str:

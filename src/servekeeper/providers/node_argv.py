@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import HostSpec
 from servekeeper.model.records import NodePlacement, NodePorts
 from servekeeper.providers.ray_start import node_port_args
@@ -68,9 +67,15 @@ def _ray_start(
 
 
 def head_argv(
-    host: HostSpec, temp_dir: str, head: HeadPorts, ports: NodePorts, resources: Sequence[str] = ()
+    host: HostSpec,
+    temp_dir: str,
+    head: HeadPorts,
+    ports: NodePorts,
+    resources: Sequence[str] = (),
+    storage_flags: Sequence[str] = (),
 ) -> list[str]:
     flags = [
+        *storage_flags,
         "--head",
         f"--port={head.gcs}",
         f"--dashboard-port={head.dashboard}",
@@ -96,15 +101,6 @@ def gcs_storage_dir(head_temp_dir: str) -> str:
     started again in place must find its tables; the cluster's dir (removed once the whole
     cluster is stopped) holds both."""
     return f"{head_temp_dir}.gcs"
-
-
-def gcs_env(config: RayClusterConfigSpec, role: Literal["head", "worker"], head_temp_dir: str) -> dict[str, str]:
-    """The environment a node needs for the cluster's GCS fault tolerance (none without it)."""
-    if config.gcsFaultTolerance is None:
-        return {}
-    if role == "head":
-        return {"RAY_gcs_storage": "rocksdb", "RAY_gcs_storage_path": gcs_storage_dir(head_temp_dir)}
-    return {"RAY_gcs_rpc_server_reconnect_timeout_s": str(GCS_RECONNECT_SECONDS)}
 
 
 def remote_node(node: NodePlacement, pid: int | None = None, session_id: int | None = None) -> RemoteNode:

@@ -40,7 +40,8 @@ from servekeeper.providers.cluster_token import (
     token_dir,
     token_file,
 )
-from servekeeper.providers.node_argv import HeadPorts, gcs_env, gcs_storage_dir, head_argv, remote_node, worker_argv
+from servekeeper.providers.gcs_storage import GcsStorage, head_flags, node_env
+from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
 from servekeeper.providers.pool_liveness import look
 from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, host_rooms, place_cluster
 from servekeeper.providers.ray_start import group_args
@@ -79,10 +80,15 @@ def pool_problems(store: Store, config: RayClusterConfigSpec) -> list[str]:
 
 class PoolProvider:
     def __init__(
-        self, store: Store, state_dir: Path, ssh_nodes: Callable[[Sequence[HostSpec]], SshNodes] = SshNodes
+        self,
+        store: Store,
+        state_dir: Path,
+        ssh_nodes: Callable[[Sequence[HostSpec]], SshNodes] = SshNodes,
+        gcs_storage: GcsStorage | None = None,
     ) -> None:
         self.store = store
         self._ssh_nodes = ssh_nodes  # tests give a fake of the SSH side
+        self.gcs_storage = gcs_storage or GcsStorage(state_dir)
         self.token_dir = token_dir(state_dir)
         self._nodes: dict[str, tuple[str, SshNodes]] = {}  # pool -> (its spec json, its connections)
         self._tokens: dict[str, str] = {}
@@ -227,11 +233,12 @@ class PoolProvider:
         groups = _groups_per_node(config)
         nodes = list(cluster.nodes)
         original = cluster
+        storage = await self.gcs_storage.target(config, nodes[0].address) if nodes[0].pid is None else None
 
         async def launch(cluster: ClusterRecord, index: int, argv: list[str], token_path: str) -> ClusterRecord:
             node = nodes[index]
             role: Literal["head", "worker"] = "head" if index == 0 else "worker"
-            env = {**groups[index].env, **gcs_env(config, role, nodes[0].temp_dir)}
+            env = {**groups[index].env, **node_env(config, role, cluster.name, nodes[0].temp_dir, storage)}
             started = await ssh.start_node(node.host, role, argv, node.temp_dir, node.ports, token_path, env)
             nodes[index] = replace(node, pid=started.pid, session_id=started.session_id)
             updated = _with_nodes(cluster, nodes)
@@ -254,10 +261,10 @@ class PoolProvider:
             host = ssh.host(node.host)
             resources = group_args(groups[index])
             if index == 0:
-                await _gcs_state_still_there(ssh, node, config)
+                await self.gcs_storage.before_restart(ssh, node, config)
                 ports = cluster.ports
                 head = HeadPorts(ports.gcs, ports.dashboard, ports.client_server)
-                argv = head_argv(host, node.temp_dir, head, node.ports, resources)
+                argv = head_argv(host, node.temp_dir, head, node.ports, resources, head_flags(storage))
             else:
                 argv = worker_argv(host, node.temp_dir, cluster.gcs_address, node.ports, resources)
             # A delete cancels this start: a node launched is recorded before the cancel goes on,
@@ -289,6 +296,7 @@ class PoolProvider:
             ssh = self.ssh(cluster.pool)
         except Shortfall as exc:  # the pool was deleted under it: nothing can be looked at (unknown)
             return Liveness(False, [], str(exc), head_silent=True)
+        await self.gcs_storage.keep_up(cluster, RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json))
         result = await look(ssh, cluster, self.store)
         self._liveness[cluster.name] = (pids, now, result)
         return result
@@ -330,6 +338,7 @@ class PoolProvider:
             self._liveness.pop(cluster.name, None)
             self._tokens.pop(cluster.name, None)
             token_file(self.token_dir, cluster.name).unlink(missing_ok=True)
+            await self.gcs_storage.forget(cluster, RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json))
         return leftovers
 
 
@@ -342,18 +351,6 @@ async def _head_gcs_answers(ssh: SshNodes, cluster: ClusterRecord) -> None:
         raise RetryableProviderError(
             f"the head's GCS on host {head.host} did not answer on port {cluster.ports.gcs} within "
             f"{HEAD_GCS_WAIT_SECONDS:g}s; its workers are started once it does"
-        )
-
-
-async def _gcs_state_still_there(ssh: SshNodes, head: NodePlacement, config: RayClusterConfigSpec) -> None:
-    """A head started again in place needs its GCS tables: without them (its host rebooted and
-    wiped its work dir) it would come up as a new, empty cluster with none of the service's apps."""
-    if config.gcsFaultTolerance is None or head.restarts == 0:
-        return
-    if not await ssh.gcs_state_kept(head.host, gcs_storage_dir(head.temp_dir)):
-        raise PermanentProviderError(
-            f"the GCS state of the head on host {head.host} is gone ({gcs_storage_dir(head.temp_dir)}): "
-            "it is not started again on an empty store"
         )
 
 

@@ -20,6 +20,9 @@ from servekeeper.model.records import ClusterRecord
 # A standby that cannot be built (or dies) is built again after 5 s, 10 s, 20 s, ... up to 300 s.
 RETRY_FIRST_SECONDS = 5.0
 RETRY_MAX_SECONDS = 300.0
+# After a takeover the next standby waits this long: on one machine a head's start takes both
+# cores for seconds, and the cluster that just took the traffic needs them to answer it.
+REBUILD_AFTER_TAKEOVER_SECONDS = 15.0
 
 
 def fail_over_to_standby(ctx: PlanContext) -> None:
@@ -66,7 +69,7 @@ def take_over(ctx: PlanContext, active: ClusterRecord, why: str) -> bool:
     )
     if not alive:
         ctx.delete_cluster(active, "StandbyPromoted")
-    ctx.update_service(unhealthy_since=None)
+    ctx.update_service(unhealthy_since=None, standby_retry_at=ctx.now + REBUILD_AFTER_TAKEOVER_SECONDS)
     how = "the ingress sent its traffic to" if standby.target_capacity is None else "traffic moved to the scaled-up"
     ctx.event(
         "StandbyPromoted",

@@ -1,0 +1,174 @@
+"""Where a pool cluster's GCS keeps its tables (`rayClusterConfig.gcsFaultTolerance`): what its
+nodes are started with, the check before a head starts again in place, and the cleanup once
+the cluster is gone.
+
+RocksDB: a directory beside the head's temp dir on its host. Redis: a namespace per cluster
+(its name) in the user's Redis (`redis.address`, the password from a `servekeeper secret`) or
+in the one servekeeper runs (`redis_server.py`); Ray reads `RAY_REDIS_ADDRESS` and
+`RAY_external_storage_namespace` from the head's environment and takes the password as
+`ray start --redis-password` (Ray hands it on to its GCS process's command line: a design of
+Ray's that servekeeper cannot change).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Literal
+
+import redis
+
+from servekeeper.model.cluster_spec import RayClusterConfigSpec, RedisSpec
+from servekeeper.model.records import ClusterRecord, NodePlacement
+from servekeeper.providers.base import PermanentProviderError, ProviderError
+from servekeeper.providers.node_argv import GCS_RECONNECT_SECONDS, gcs_storage_dir
+from servekeeper.providers.redis_server import (
+    INSTALL_HINT,
+    RedisServer,
+    RedisTarget,
+    address_towards,
+    redis_binary,
+    redis_dir,
+)
+from servekeeper.providers.ssh_nodes import SshNodes
+from servekeeper.store.secrets import read_secrets
+
+logger = logging.getLogger(__name__)
+
+REDIS_TIMEOUT_SECONDS = 5.0
+
+
+def uses_redis(config: RayClusterConfigSpec) -> bool:
+    return config.gcsFaultTolerance is not None and config.gcsFaultTolerance.backend == "redis"
+
+
+def redis_settings(config: RayClusterConfigSpec) -> RedisSpec:
+    assert config.gcsFaultTolerance is not None
+    return config.gcsFaultTolerance.redis or RedisSpec()
+
+
+def node_env(
+    config: RayClusterConfigSpec,
+    role: Literal["head", "worker"],
+    cluster: str,
+    head_temp_dir: str,
+    target: RedisTarget | None,
+) -> dict[str, str]:
+    """The environment a node needs for the cluster's GCS fault tolerance (none without it)."""
+    if config.gcsFaultTolerance is None:
+        return {}
+    if role == "worker":
+        # How long a worker's raylet waits for its head to come back before it exits.
+        return {"RAY_gcs_rpc_server_reconnect_timeout_s": str(GCS_RECONNECT_SECONDS)}
+    if target is None:
+        return {"RAY_gcs_storage": "rocksdb", "RAY_gcs_storage_path": gcs_storage_dir(head_temp_dir)}
+    return {"RAY_REDIS_ADDRESS": target.address, "RAY_external_storage_namespace": cluster}
+
+
+def storage_problems(config: RayClusterConfigSpec, secrets: dict[str, dict[str, str]]) -> list[str]:
+    """What makes a spec's Redis unusable from the start, by field (checked when applied)."""
+    if not uses_redis(config):
+        return []
+    settings = redis_settings(config)
+    path = "spec.rayClusterConfig.gcsFaultTolerance.redis"
+    if settings.address is None and redis_binary() is None:
+        return [f"{path}.address: unset, so servekeeper runs a Redis for it on this machine: {INSTALL_HINT}"]
+    selector = settings.passwordSecret
+    if selector is not None and selector.key not in secrets.get(selector.name, {}):
+        return [
+            f"{path}.passwordSecret: secret {selector.name!r} has no key {selector.key!r} "
+            f"(servekeeper secret set {selector.name} {selector.key}=-)"
+        ]
+    return []
+
+
+def head_flags(target: RedisTarget | None) -> list[str]:
+    return [f"--redis-password={target.password}"] if target is not None and target.password else []
+
+
+class GcsStorage:
+    """The Redis a cluster's head uses (the user's, or the one servekeeper runs), and its cleanup."""
+
+    def __init__(self, state_dir: Path, server: RedisServer | None = None) -> None:
+        self.secrets_dir = state_dir / "secrets"
+        self.server = server or RedisServer(redis_dir(state_dir))
+
+    def password(self, settings: RedisSpec) -> str | None:
+        selector = settings.passwordSecret
+        if selector is None:
+            return None
+        value = read_secrets(self.secrets_dir).get(selector.name, {}).get(selector.key)
+        if value is None:
+            raise PermanentProviderError(
+                f"spec.rayClusterConfig.gcsFaultTolerance.redis.passwordSecret: secret {selector.name!r} has no key "
+                f"{selector.key!r} (servekeeper secret set {selector.name} {selector.key}=-)"
+            )
+        return value
+
+    async def target(self, config: RayClusterConfigSpec, head_address: str) -> RedisTarget | None:
+        """Where the head's GCS keeps its tables in Redis (None: not Redis); the Redis servekeeper
+        runs is started (or started again) here, reachable from `head_address`."""
+        if not uses_redis(config):
+            return None
+        settings = redis_settings(config)
+        if settings.address is not None:
+            return RedisTarget(settings.address, self.password(settings))
+        reached_on = address_towards(head_address)
+        return await asyncio.to_thread(self.server.ensure, reached_on)
+
+    async def keep_up(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        """At each look of a cluster whose GCS is in the Redis servekeeper runs: that Redis is
+        started again (same port, its AOF replayed) if it is gone, while the heads' GCS retry."""
+        if not uses_redis(config) or redis_settings(config).address is not None or not cluster.nodes:
+            return
+        if self.server.pid() is not None:
+            return
+        logger.warning("[%s] the redis-server of its GCS is gone: starting it again", cluster.name)
+        try:
+            await self.target(config, cluster.nodes[0].address)
+        except (OSError, ProviderError) as exc:
+            logger.warning("[%s] the redis-server of its GCS did not start: %s", cluster.name, exc)
+
+    async def before_restart(self, ssh: SshNodes, head: NodePlacement, config: RayClusterConfigSpec) -> None:
+        """A head started again in place needs its GCS tables: without them (its host rebooted
+        and wiped its work dir) it would come up as a new, empty cluster with none of the
+        service's apps. (In Redis they outlive any host: Ray finds them, or an empty namespace.)"""
+        if config.gcsFaultTolerance is None or head.restarts == 0 or uses_redis(config):
+            return
+        if not await ssh.gcs_state_kept(head.host, gcs_storage_dir(head.temp_dir)):
+            raise PermanentProviderError(
+                f"the GCS state of the head on host {head.host} is gone ({gcs_storage_dir(head.temp_dir)}): "
+                "it is not started again on an empty store"
+            )
+
+    async def forget(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        """Once every node is stopped: the cluster's namespace goes from Redis (as KubeRay's
+        cleanup job does). A Redis that cannot be reached keeps it; the warning says where."""
+        if not uses_redis(config) or not cluster.nodes:
+            return
+        try:
+            target = await self.target(config, cluster.nodes[0].address)
+            assert target is not None
+            removed = await asyncio.to_thread(delete_namespace, target, cluster.name)
+        except (redis.RedisError, OSError, PermanentProviderError) as exc:
+            logger.warning("[%s] its GCS tables stay in Redis (namespace %s): %s", cluster.name, cluster.name, exc)
+            return
+        logger.info("[%s] %d GCS tables removed from Redis", cluster.name, removed)
+
+
+def delete_namespace(target: RedisTarget, namespace: str) -> int:
+    """Delete Ray's keys of one external storage namespace (`RAY<namespace>@<table>`)."""
+    host, port = target.address.rsplit(":", 1)
+    client = redis.Redis(
+        host=host.strip("[]"),
+        port=int(port),
+        password=target.password,
+        socket_timeout=REDIS_TIMEOUT_SECONDS,
+        socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+    )
+    try:
+        keys = list(client.scan_iter(match=f"RAY{namespace}@*", count=1000))
+        return int(client.delete(*keys)) if keys else 0
+    finally:
+        client.close()

@@ -1,0 +1,197 @@
+"""The Redis servekeeper runs for `gcsFaultTolerance: {backend: redis}` without an address:
+Debian's redis-server on the controller's machine, its tables in the state dir with the AOF on
+(a restart loses at most a second of writes), a password generated once (in its config file,
+mode 0600, never on a command line), bound to loopback and to the address the pool's hosts
+reach this machine on.
+
+Like an Envoy process, it outlives the controller: a controller killed, or stopped without
+`down`, leaves it serving the heads' GCS; the next controller adopts it by its recorded pid.
+It is started when a head first needs it and started again (same port, same data) whenever a
+look finds it gone; `down` stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from servekeeper.providers.base import PermanentProviderError, RetryableProviderError
+from servekeeper.providers.ports import PortAllocator
+
+logger = logging.getLogger(__name__)
+
+START_SECONDS = 10.0  # redis-server answers within a second; an AOF replay of a big store takes longer
+STOP_SECONDS = 10.0
+INSTALL_HINT = "install Debian's redis-server on this machine (apt-get install redis-server)"
+
+
+@dataclass(frozen=True)
+class _State:
+    pid: int | None
+    port: int | None
+    binds: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """Where a head's GCS keeps its tables: `address` as its host reaches it, and the password."""
+
+    address: str
+    password: str | None
+
+
+def redis_dir(state_dir: Path) -> Path:
+    return state_dir / "redis"
+
+
+def redis_binary() -> str | None:
+    return shutil.which("redis-server") or next(
+        (path for path in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.access(path, os.X_OK)), None
+    )
+
+
+def address_towards(host_address: str) -> str:
+    """This machine's address on the route to `host_address` (no packet is sent: a UDP
+    socket's connect only picks the route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host_address, 9))
+        return str(probe.getsockname()[0])
+
+
+def render_config(directory: Path, port: int, binds: list[str], password: str) -> str:
+    return "\n".join(
+        [
+            f"bind {' '.join(binds)}",
+            f"port {port}",
+            "protected-mode yes",
+            f"requirepass {password}",
+            f"dir {directory / 'data'}",
+            "appendonly yes",
+            "appendfsync everysec",
+            'save ""',  # the AOF is the record; no RDB snapshots besides it
+            "daemonize no",
+            'logfile ""',  # to stdout: the log file the controller opened for it
+            "",
+        ]
+    )
+
+
+class RedisServer:
+    """The one redis-server of a state dir (`directory`: its config, data, log and record)."""
+
+    def __init__(self, directory: Path, binary: str | None = None) -> None:
+        self.directory = directory
+        self._binary = binary
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / "redis.conf"
+
+    def _state(self) -> _State:
+        try:
+            data = json.loads((self.directory / "server.json").read_text())
+            return _State(int(data["pid"]), int(data["port"]), tuple(str(b) for b in data["binds"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return _State(None, None, ())
+
+    def _password(self) -> str:
+        path = self.directory / "password"
+        if not path.exists():
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as out:
+                out.write(secrets.token_hex(32))
+        return path.read_text().strip()
+
+    def pid(self) -> int | None:
+        """The recorded redis-server, if it still runs (its command line names our config)."""
+        pid = self._state().pid
+        if pid is None:
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            status = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        if status.split(") ", 1)[-1].startswith("Z"):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # our own child, exited: reap it
+            return None
+        return pid if str(self.config_path).encode() in cmdline and b"redis-server" in cmdline else None
+
+    def ensure(self, reached_on: str) -> RedisTarget:
+        """The server running and bound to `reached_on` (started, or started again with that
+        address added, keeping its port and data); raises RetryableProviderError when it does
+        not answer in time, PermanentProviderError when redis-server is not installed."""
+        state = self._state()
+        running = self.pid()
+        if running is not None and state.port is not None and reached_on in state.binds:
+            return RedisTarget(f"{reached_on}:{state.port}", self._password())
+        if running is not None:
+            self._stop_pid(running)  # bound elsewhere: started again with every address
+        # The same port every time: the heads' GCS were started with this address.
+        port = state.port if state.port is not None else PortAllocator().one()
+        self._start(port, sorted({"127.0.0.1", reached_on, *state.binds}))
+        return RedisTarget(f"{reached_on}:{port}", self._password())
+
+    def _start(self, port: int, binds: list[str]) -> None:
+        binary = self._binary or redis_binary()
+        if binary is None:
+            raise PermanentProviderError(f"gcsFaultTolerance.backend redis without redis.address: {INSTALL_HINT}")
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.directory / "data").mkdir(mode=0o700, exist_ok=True)
+        password = self._password()
+        descriptor = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(render_config(self.directory, port, binds, password))
+        with open(self.directory / "redis.log", "ab") as log:
+            process = subprocess.Popen(
+                [binary, str(self.config_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # outlives the controller, like an Envoy process
+                close_fds=True,
+            )
+        state = {"pid": process.pid, "port": port, "binds": binds}
+        (self.directory / "server.json").write_text(json.dumps(state))
+        logger.info("redis-server for the GCS started: pid %d, port %d, bound to %s", process.pid, port, binds)
+        if not _answers("127.0.0.1", port, START_SECONDS) or process.poll() is not None:
+            raise RetryableProviderError(
+                f"redis-server (pid {process.pid}) did not serve port {port} within {START_SECONDS:g}s; "
+                f"see {self.directory / 'redis.log'}"
+            )
+
+    def stop(self) -> None:
+        """`down`: the server stops (its data stays for the next start)."""
+        pid = self.pid()
+        if pid is not None:
+            self._stop_pid(pid)
+
+    def _stop_pid(self, pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)  # redis-server flushes its AOF on SIGTERM
+        deadline = time.monotonic() + STOP_SECONDS
+        while self.pid() == pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.pid() == pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _answers(host: str, port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return True
+        time.sleep(0.1)
+    return False
