@@ -16,11 +16,13 @@ fi
 
 # Debian packages the observability tests drive: tmux (the live rollout view on a terminal) and
 # chromium (the web dashboard in a real browser, through Playwright; never `playwright install`);
-# and openssh-server, whose sshd runs on each host of the multihost tests' fleet (tests/fleet.py).
+# openssh-server, whose sshd runs on each host of the multihost tests' fleet (tests/fleet.py); and
+# redis-server, the Redis servekeeper runs for GCS fault tolerance (and the tests' own Redis).
 missing=()
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+[ -x /usr/bin/redis-server ] || missing+=(redis-server)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

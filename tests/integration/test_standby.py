@@ -163,14 +163,17 @@ def test_a_warm_standby_is_scaled_up_and_takes_over(shared: Shared) -> None:
         result = load.stop()
     gap = longest_gap(result, killed_at, killed_at + 20)
     with shared.sk.db() as db:
-        steps = db.execute("SELECT time, reason FROM events WHERE service = 'warm' AND time >= ?", (killed_at,))
-        timeline = ", ".join(f"{reason} +{when - killed_at:.1f}s" for when, reason in steps.fetchall())
+        query = "SELECT time, reason FROM events WHERE service = 'warm' AND time >= ?"
+        steps = db.execute(query, (killed_at,)).fetchall()
+    timeline = ", ".join(f"{reason} +{when - killed_at:.1f}s" for when, reason in steps)
     print(f"\nwarm standby: {gap:.1f}s without an answer after the kill ({timeline}); {dict(result.failures)}")
-    # Issue 20 asks for 10 s. Measured 13.9-14.2 s here: traffic moves 3-4 s after the kill, once
-    # Ray shows a replica RUNNING, then the standby answers 503 for about 10 s more (cause not
-    # found yet; a variant whose standby proxy took a request during the scale-up: 4.3 s). A bound
-    # that catches a regression, not the goal: a replacement cluster takes 33-42 s.
-    assert gap <= 20.0, f"{gap:.1f}s without an answer after the kill"
+    # Issue 20 asks for 10 s. Measured 3.5 s: traffic moves 3-4 s after the kill, once Ray shows a
+    # replica RUNNING. (It was 13.9-14.2 s while the next standby's head started at the takeover
+    # and took both cores from the cluster that had just taken the traffic: now it waits 15 s.)
+    assert gap <= 10.0, f"{gap:.1f}s without an answer after the kill"
+    promoted = min(when for when, reason in steps if reason == "StandbyPromoted")
+    built = [when for when, reason in steps if reason == "ClusterCreating"]
+    assert all(when >= promoted + 10 for when in built), "the next standby waits: no head start at the takeover"
     late = {label for when, label in result.timeline if when > killed_at + 20}
     assert late == {"v-warm"}, late
     assert "StandbyScalingUp" in shared.sk.events("warm")

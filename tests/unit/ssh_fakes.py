@@ -43,6 +43,7 @@ class FakeFleet:
         self.gcs_lost: set[str] = set()  # GCS storage dirs whose session is gone (a rebooted host)
         self.gcs_silent: set[str] = set()  # hosts whose head's GCS does not answer
         self.envs: dict[str, dict[str, str]] = {}  # temp dir -> the env of its last launch
+        self.argvs: dict[str, list[str]] = {}  # temp dir -> the argv of its last launch
         self.running: dict[str, RemoteNode] = {}
         self.tokens: dict[str, str] = {}
         self.calls: list[tuple[str, str]] = []  # (method, host or temp dir)
@@ -125,6 +126,7 @@ class FakeSshNodes(SshNodes):
     ) -> RemoteNode:
         self.fleet.calls.append(("launch", temp_dir))
         self.fleet.envs[temp_dir] = dict(env or {})
+        self.fleet.argvs[temp_dir] = list(argv)
         if host in self.fleet.fail_launch:
             raise self.fleet.fail_launch[host]
         # The command is on its way: the host starts the node whatever becomes of this call.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -32,7 +33,7 @@ from servekeeper.providers.redis_server import (
     redis_dir,
 )
 from servekeeper.providers.ssh_nodes import SshNodes
-from servekeeper.store.secrets import read_secrets
+from servekeeper.store.secrets import read_secrets, secrets_dir
 
 logger = logging.getLogger(__name__)
 
@@ -90,9 +91,12 @@ def head_flags(target: RedisTarget | None) -> list[str]:
 class GcsStorage:
     """The Redis a cluster's head uses (the user's, or the one servekeeper runs), and its cleanup."""
 
-    def __init__(self, state_dir: Path, server: RedisServer | None = None) -> None:
-        self.secrets_dir = state_dir / "secrets"
+    def __init__(
+        self, state_dir: Path, server: RedisServer | None = None, route: Callable[[str], str] = address_towards
+    ) -> None:
+        self.secrets_dir = secrets_dir(state_dir)
         self.server = server or RedisServer(redis_dir(state_dir))
+        self._route = route  # this machine's address towards a host (tests give one without a network)
 
     def password(self, settings: RedisSpec) -> str | None:
         selector = settings.passwordSecret
@@ -114,7 +118,7 @@ class GcsStorage:
         settings = redis_settings(config)
         if settings.address is not None:
             return RedisTarget(settings.address, self.password(settings))
-        reached_on = address_towards(head_address)
+        reached_on = self._route(head_address)
         return await asyncio.to_thread(self.server.ensure, reached_on)
 
     async def keep_up(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:

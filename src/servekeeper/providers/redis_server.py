@@ -113,8 +113,10 @@ class RedisServer:
         return path.read_text().strip()
 
     def pid(self) -> int | None:
-        """The recorded redis-server, if it still runs (its command line names our config)."""
-        pid = self._state().pid
+        """The recorded redis-server, if it still runs: redis-server rewrites its command line
+        to its title, "<its path> <first bind address>:<port>", which names our port."""
+        state = self._state()
+        pid = state.pid
         if pid is None:
             return None
         try:
@@ -126,7 +128,9 @@ class RedisServer:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)  # our own child, exited: reap it
             return None
-        return pid if str(self.config_path).encode() in cmdline and b"redis-server" in cmdline else None
+        title = cmdline.replace(b"\0", b" ") + b" "
+        ours = os.path.basename(title.split(b" ", 1)[0]) == b"redis-server" and f":{state.port} ".encode() in title
+        return pid if ours else None
 
     def ensure(self, reached_on: str) -> RedisTarget:
         """The server running and bound to `reached_on` (started, or started again with that

@@ -101,13 +101,16 @@ class Servekeeper:
         self.env.pop("SERVEKEEPER_UNSAFE_SWITCH_GATE", None)
         self._files = 0
 
-    def cli(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, timeout: float = 300, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [sys.executable, "-m", "servekeeper.cli", *args],
             env=self.env,
             capture_output=True,
             text=True,
             timeout=timeout,
+            input=input,
         )
         if check and result.returncode != 0:
             raise AssertionError(

@@ -1,0 +1,74 @@
+"""The Redis servekeeper runs for GCS fault tolerance, with Debian's real redis-server (no Ray):
+started with a password only its config file holds, adopted by a new controller, started again
+on the same port with its data after a SIGKILL, rebound when another address is needed, a
+cluster's namespace removed alone, stopped by `down`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from servekeeper.providers.gcs_storage import delete_namespace
+from servekeeper.providers.redis_server import RedisServer, RedisTarget
+from servekeeper.testing.harness import wait_until
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    running = RedisServer(tmp_path / "redis")
+    try:
+        yield running
+    finally:
+        running.stop()
+        assert running.pid() is None
+
+
+def client(target: RedisTarget, password: str | None = None) -> redis.Redis:
+    host, port = target.address.rsplit(":", 1)
+    return redis.Redis(host=host, port=int(port), password=password, socket_timeout=5)
+
+
+def test_started_with_its_password_adopted_and_started_again_with_its_data(server: RedisServer) -> None:
+    target = server.ensure("127.0.0.1")
+    pid = server.pid()
+    assert pid is not None and target.password and len(target.password) == 64
+    with pytest.raises(redis.AuthenticationError):
+        client(target).set("k", "v")
+    assert target.password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), "not on its command line"
+    assert stat.S_IMODE(server.config_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((server.directory / "password").stat().st_mode) == 0o600
+    client(target, target.password).hset("RAYsvc-a@KV", "serve", "state")
+    # A new controller (a new object on the same state dir) adopts it: same process, same port.
+    again = RedisServer(server.directory)
+    assert again.pid() == pid and again.ensure("127.0.0.1") == target and again.pid() == pid
+    time.sleep(1.5)  # appendfsync everysec: what was written a second ago is on disk
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: server.pid() is None, 5, "the killed redis-server gone")
+    restarted = server.ensure("127.0.0.1")
+    assert restarted == target and server.pid() not in (None, pid), "same port and password, a new process"
+    assert client(target, target.password).hget("RAYsvc-a@KV", "serve") == b"state", "its data back from the AOF"
+
+
+def test_a_new_address_rebinds_it_keeping_port_and_data(server: RedisServer) -> None:
+    first = server.ensure("127.0.0.1")
+    client(first, first.password).set("RAYsvc-a@T", "1")
+    pid = server.pid()
+    second = server.ensure("127.0.0.2")  # another pool's hosts reach this machine elsewhere
+    assert second.address == f"127.0.0.2:{first.address.rsplit(':', 1)[1]}" and server.pid() != pid
+    assert client(first, first.password).get("RAYsvc-a@T") == b"1" and client(second, second.password).ping()
+
+
+def test_a_clusters_namespace_goes_alone(server: RedisServer) -> None:
+    target = server.ensure("127.0.0.1")
+    store = client(target, target.password)
+    for key in ("RAYsvc-a@KV", "RAYsvc-a@NODE", "RAYsvc-ab@KV", "RAYsvc-b@KV", "other"):
+        store.hset(key, "f", "v")
+    assert delete_namespace(target, "svc-a") == 2
+    assert sorted(store.keys()) == [b"RAYsvc-ab@KV", b"RAYsvc-b@KV", b"other"]
