@@ -84,11 +84,8 @@ def test_pending_clusters_that_cannot_come_up_fail_the_rollout_and_v1_keeps_serv
             {"name": "cpu", "replicas": 1, "numCpus": 1, "rayStartParams": {"object-store-memory": "lots"}}
         ]
         fails(dying_worker, "WorkerDied")
-        # An app whose constructor raises.
-        broken = hello_spec("sturdy", port, head_cpus=2)
-        broken["spec"]["serveConfig"]["applications"][0]["args"]["fail_on_start"] = True
-        fails(broken, "DEPLOY_FAILED")
-        # An import path that names no module: Serve's own message (or its status) is the cause.
+        # An app that cannot deploy (an import path that names no module; a constructor that raises
+        # takes the same path, DEPLOY_FAILED): Serve's own message (or its status) is the cause.
         missing = hello_spec("sturdy", port, head_cpus=2, import_path="hello_missing:app")
         fails(missing, "hello_missing", "DEPLOY_FAILED")
         assert sk.condition("sturdy", "Ready")["status"] == "True", "v1 still serves: the service stays Ready"
