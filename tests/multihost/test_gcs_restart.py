@@ -176,12 +176,13 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
     assert apps["hello"]["status"] == "RUNNING", apps
     assert apps["extra"]["source"] == "imperative", apps
     wait_until(lambda: serve_apps(daemon, cluster)["extra"]["status"] == "RUNNING", 60, "the run-time app")
-    # Those in flight on the head's proxy when it died (its connections reset: Envoy answers 503;
-    # closed-loop clients pile up on the slowest proxy, so up to every client's one request), and
-    # a few around it (measured: 16 and 18 of ~2,900 with 16 clients, most at the kill itself).
-    assert result.failed <= 2 * CLIENTS, result.failures
+    # Per client at most: the request in flight on the head's proxy when it died (its connection
+    # reset: Envoy answers 503), one more racing the endpoint's ejection, and the one held by a
+    # worker's proxy through the stall below (its 10 s timeout). Measured: 16-24 of ~1,500 with
+    # 16 clients, and 32 (16 503s, 16 timeouts) once. A full outage would fail them all.
+    assert result.failed <= 3 * CLIENTS, result.failures
     # The workers' proxies answer while the head is down, but not always: measured 0.21-0.39 s in
-    # 4 runs, and 7.7-13.8 s without any answer in 4 others (the workers' proxies held requests
+    # 4 runs, and 7.7-16.2 s without any answer in 5 others (the workers' proxies held requests
     # until the GCS was back, the clients' 10 s timeouts then ran out; cause inside Ray, not
     # pinned down, see issue 20). A replacement from nothing costs 33-68 s; the issue's goal is
     # under 1 s. This bound tells the restart in place from a replacement, no more.

@@ -116,9 +116,7 @@ class ClusterTranslation:
         if options.get("redisAddress") is not None:
             redis["address"] = str(options["redisAddress"])
         else:
-            self.findings.note(
-                NoteKind.CHANGED, f"{path}.redisAddress", "unset: servekeeper runs a Redis for it on its own machine"
-            )
+            self.findings.note(NoteKind.CHANGED, f"{path}.redisAddress", "unset: servekeeper runs a Redis for it")
         if str(options.get("redisUsername", "default") or "default") != "default":
             self.findings.refuse(f"{path}.redisUsername", "Ray's default Redis user only ('default')")
         if "externalStorageNamespace" in options:
