@@ -91,7 +91,10 @@ def test_controller_killed_at_two_phases_of_an_upgrade(service: Service, phases:
         sk.apply(spec)
         sk.wait_controller_gone(doomed, 120)
         seen = {c["name"]: c for c in sk.clusters()}
-        sk.up(crash_at=phases[1])
+        try:
+            sk.up(crash_at=phases[1])
+        except AssertionError:  # it resumes at once: it may die at its point before `up` saw it announce itself
+            assert not sk.controller_alive(), "`up` failed, but not by the armed crash"
         sk.wait_controller_gone(sk.controller_pid(), 120)
         seen.update({c["name"]: c for c in sk.clusters()})
         sk.up()

@@ -10,6 +10,7 @@ import signal
 import stat
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,27 @@ def test_a_clusters_namespace_goes_alone(server: RedisServer) -> None:
         store.hset(key, "f", "v")
     assert delete_namespace(target, "svc-a") == 2
     assert sorted(store.keys()) == [b"RAYsvc-ab@KV", b"RAYsvc-b@KV", b"other"]
+
+
+def test_clusters_starting_at_once_get_one_server(server: RedisServer) -> None:
+    """Several heads start (or look) at once, each in a worker thread: one redis-server, one port,
+    one password (a second server would share the first's data dir and AOF)."""
+    with ThreadPoolExecutor(4) as pool:
+        targets = set(pool.map(lambda _: server.ensure("127.0.0.1"), range(4)))
+    assert len(targets) == 1 and server.pid() is not None
+    (target,) = targets
+    assert client(target, target.password).ping()
+    port = target.address.rsplit(":", 1)[1]
+    assert servers_on(port) == [server.pid()], "one redis-server on its port, the recorded one"
+
+
+def servers_on(port: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            title = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"redis-server" in title and f":{port}".encode() in title:
+            found.append(int(entry))
+    return found

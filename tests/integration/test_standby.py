@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from servekeeper.core.planner.standby import REBUILD_AFTER_TAKEOVER_SECONDS
 from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, kill_local_cluster, wait_until
 from servekeeper.testing.load import Load, LoadResult
 
@@ -173,7 +174,8 @@ def test_a_warm_standby_is_scaled_up_and_takes_over(shared: Shared) -> None:
     assert gap <= 10.0, f"{gap:.1f}s without an answer after the kill"
     promoted = min(when for when, reason in steps if reason == "StandbyPromoted")
     built = [when for when, reason in steps if reason == "ClusterCreating"]
-    assert all(when >= promoted + 10 for when in built), "the next standby waits: no head start at the takeover"
+    waited = REBUILD_AFTER_TAKEOVER_SECONDS - 1  # (a tick's slack)
+    assert all(when >= promoted + waited for when in built), "the next standby waits: no head start at the takeover"
     late = {label for when, label in result.timeline if when > killed_at + 20}
     assert late == {"v-warm"}, late
     assert "StandbyScalingUp" in shared.sk.events("warm")

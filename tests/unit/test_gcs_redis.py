@@ -58,6 +58,9 @@ def test_a_rocksdb_spec_hashes_as_before_the_redis_field_existed() -> None:
     assert spec.cluster_spec_hash() == before, "a running rocksdb cluster is not replaced by an upgrade"
     redis = make_spec(rayClusterConfig={"hostPool": "fleet", "gcsFaultTolerance": {"backend": "redis"}})
     assert redis.cluster_spec_hash() != before
+    # `redis: {}` (what a KubeRay import without redisAddress gives) is the same Redis as none.
+    empty = make_spec(rayClusterConfig={"hostPool": "fleet", "gcsFaultTolerance": {"backend": "redis", "redis": {}}})
+    assert empty.cluster_spec_hash() == redis.cluster_spec_hash()
 
 
 def test_problems_at_apply_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,8 +81,9 @@ def test_problems_at_apply_name_the_field(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_the_servers_config_keeps_the_password_out_of_argv_and_the_aof_on(tmp_path: Path) -> None:
     text = render_config(tmp_path, 24000, ["10.0.0.1", "127.0.0.1"], "s3cret")
-    assert "bind 10.0.0.1 127.0.0.1\n" in text and "port 24000\n" in text and "requirepass s3cret\n" in text
-    assert "appendonly yes\n" in text and f"dir {tmp_path / 'data'}\n" in text and "protected-mode yes\n" in text
+    # "-10.0.0.1": optional, so that an address this machine lost never keeps the server down.
+    assert "bind -10.0.0.1 127.0.0.1\n" in text and "port 24000\n" in text and "requirepass s3cret\n" in text
+    assert "appendonly yes\n" in text and f'dir "{tmp_path / "data"}"\n' in text and "protected-mode yes\n" in text
 
 
 class FakeRedisServer:

@@ -195,16 +195,21 @@ def test_redis_options_a_literal_password_another_user_and_the_ft_enabled_annota
     assert fault_tolerance is not None and fault_tolerance.redis is not None
     assert fault_tolerance.redis.address is None, "no redisAddress: the Redis servekeeper runs"
     assert {("changed", f"{HA_GCS}.redisAddress"), ("ignored", f"{HA_GCS}.externalStorageNamespace")} <= notes(result)
+    literal = (
+        f"{HA_GCS}.redisPassword.value: a literal password would be stored with the spec: put it in a servekeeper "
+        "secret (servekeeper secret set NAME KEY=-) and use valueFrom.secretKeyRef"
+    )
     cluster(document)["gcsFaultToleranceOptions"] = {
         "redisAddress": "redis:6379",
-        "redisUsername": "ray",
+        "redisUsername": {"value": "ray"},  # KubeRay's RedisCredential
         "redisPassword": {"value": "hunter2"},
     }
-    assert problems([document]) == [
-        f"{HA_GCS}.redisUsername: Ray's default Redis user only ('default')",
-        f"{HA_GCS}.redisPassword.value: a literal password would be stored with the spec: put it in a servekeeper "
-        "secret (servekeeper secret set NAME KEY=-) and use valueFrom.secretKeyRef",
-    ]
+    assert problems([document]) == [f"{HA_GCS}.redisUsername: Ray's default Redis user only ('default')", literal]
+    cluster(document)["gcsFaultToleranceOptions"] = {"redisUsername": {"value": "default"}, "redisPassword": "hunter2"}
+    assert problems([document]) == [literal]
+    config_map = {"valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
+    cluster(document)["gcsFaultToleranceOptions"] = {"redisPassword": config_map}
+    assert problems([document]) == [f"{HA_GCS}.redisPassword.valueFrom: only a secretKeyRef to a servekeeper secret"]
     document = minimal()
     document["metadata"]["annotations"] = {"ray.io/ft-enabled": "true"}
     assert problems([document]) == [f'metadata.annotations["ray.io/ft-enabled"]: {FT_ENABLED_REASON}']

@@ -239,7 +239,7 @@ def test_stop_returns_at_once_when_answers_are_quick(run_load: list[Load]) -> No
         time.sleep(0.3)
         started = time.monotonic()
         result = load.stop()
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 1.0  # not the 30 s timeout: at once, give or take a busy core
     assert result.ok > 0 and result.failed == 0 and result.abandoned == 0
 
 

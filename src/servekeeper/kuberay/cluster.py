@@ -117,30 +117,27 @@ class ClusterTranslation:
             redis["address"] = str(options["redisAddress"])
         else:
             self.findings.note(NoteKind.CHANGED, f"{path}.redisAddress", "unset: servekeeper runs a Redis for it")
-        if str(options.get("redisUsername", "default") or "default") != "default":
+        username = options.get("redisUsername")  # KubeRay's RedisCredential: {value} or {valueFrom}
+        if (username.get("value") if isinstance(username, dict) else username) not in (None, "", "default"):
             self.findings.refuse(f"{path}.redisUsername", "Ray's default Redis user only ('default')")
         if "externalStorageNamespace" in options:
-            self.findings.note(
-                NoteKind.IGNORED,
-                f"{path}.externalStorageNamespace",
-                "each cluster's tables go in a namespace of its own (its name), removed with it",
-            )
-        password = as_mapping(options.get("redisPassword"))
-        if "value" in password:
+            why = "each cluster's tables go in a namespace of its own (its name), removed with it"
+            self.findings.note(NoteKind.IGNORED, f"{path}.externalStorageNamespace", why)
+        password = options.get("redisPassword")
+        if password is not None and (not isinstance(password, dict) or "value" in password):
             self.findings.refuse(
                 f"{path}.redisPassword.value",
                 "a literal password would be stored with the spec: put it in a servekeeper secret "
                 "(servekeeper secret set NAME KEY=-) and use valueFrom.secretKeyRef",
             )
-        ref = as_mapping(as_mapping(password.get("valueFrom")).get("secretKeyRef"))
+        source = as_mapping(as_mapping(password).get("valueFrom"))
+        ref = as_mapping(source.get("secretKeyRef"))
+        if source and not ref:
+            self.findings.refuse(f"{path}.redisPassword.valueFrom", "only a secretKeyRef to a servekeeper secret")
         if ref:
             secret, key = str(ref.get("name")), str(ref.get("key"))
             if key not in self.secrets.get(secret, {}):
-                self.findings.refuse(
-                    f"{path}.redisPassword.valueFrom.secretKeyRef",
-                    f"secret {secret!r} with key {key!r} does not exist here; create it with: "
-                    f"servekeeper secret set {secret} {key}=- (the value on standard input)",
-                )
+                self.findings.refuse(f"{path}.redisPassword.valueFrom.secretKeyRef", missing_secret(secret, key))
             redis["passwordSecret"] = {"name": secret, "key": key}
         return redis
 
@@ -294,11 +291,7 @@ class ClusterTranslation:
                         f"optional secret {secret!r} key {key!r} does not exist: {name} is not set",
                     )
                     continue
-                self.findings.refuse(
-                    f"{entry_path}.valueFrom.secretKeyRef",
-                    f"secret {secret!r} with key {key!r} does not exist here; create it with: "
-                    f"servekeeper secret set {secret} {key}=- (the value on standard input)",
-                )
+                self.findings.refuse(f"{entry_path}.valueFrom.secretKeyRef", missing_secret(secret, key))
                 continue
             env[name] = value
             self.findings.secret_refs.append(SecretRef(group=group, env=name, secret=secret, key=key))
@@ -397,3 +390,10 @@ def _start_param_value(key: str, value: Any) -> Any:
         except ValueError:
             continue
     return value
+
+
+def missing_secret(secret: str, key: str) -> str:
+    return (
+        f"secret {secret!r} with key {key!r} does not exist here; create it with: "
+        f"servekeeper secret set {secret} {key}=- (the value on standard input)"
+    )

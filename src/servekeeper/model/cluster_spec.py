@@ -160,9 +160,9 @@ class GcsFaultToleranceSpec(StrictModel):
 
     def hash_shape(self) -> dict[str, object]:
         """Its part of the cluster spec hash: a rocksdb spec hashes as before `redis` existed."""
-        shape = self.model_dump(mode="json")
-        if shape["redis"] is None:
-            shape.pop("redis")
+        shape = self.model_dump(mode="json", exclude_none=True)
+        if not shape.get("redis"):  # `redis: {}` is the same Redis as none given
+            shape.pop("redis", None)
         return shape
 
 

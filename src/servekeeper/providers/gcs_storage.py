@@ -22,7 +22,7 @@ import redis
 
 from servekeeper.model.cluster_spec import RayClusterConfigSpec, RedisSpec
 from servekeeper.model.records import ClusterRecord, NodePlacement
-from servekeeper.providers.base import PermanentProviderError, ProviderError
+from servekeeper.providers.base import PermanentProviderError, ProviderError, RetryableProviderError
 from servekeeper.providers.node_argv import GCS_RECONNECT_SECONDS, gcs_storage_dir
 from servekeeper.providers.redis_server import (
     INSTALL_HINT,
@@ -118,12 +118,18 @@ class GcsStorage:
         settings = redis_settings(config)
         if settings.address is not None:
             return RedisTarget(settings.address, self.password(settings))
-        reached_on = self._route(head_address)
+        try:
+            reached_on = await asyncio.to_thread(self._route, head_address)
+        except OSError as exc:  # a name that does not resolve, no route to the host
+            raise RetryableProviderError(
+                f"no route from this machine to the head's host {head_address}: {exc}"
+            ) from exc
         return await asyncio.to_thread(self.server.ensure, reached_on)
 
     async def keep_up(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         """At each look of a cluster whose GCS is in the Redis servekeeper runs: that Redis is
-        started again (same port, its AOF replayed) if it is gone, while the heads' GCS retry."""
+        started again (same port, its AOF replayed) if it is gone. Ray's GCS rides out a short
+        loss (measured: 1 s); after a longer one it exits and the head is started again in place."""
         if not uses_redis(config) or redis_settings(config).address is not None or not cluster.nodes:
             return
         if self.server.pid() is not None:
@@ -155,7 +161,7 @@ class GcsStorage:
             target = await self.target(config, cluster.nodes[0].address)
             assert target is not None
             removed = await asyncio.to_thread(delete_namespace, target, cluster.name)
-        except (redis.RedisError, OSError, PermanentProviderError) as exc:
+        except (redis.RedisError, OSError, ProviderError) as exc:  # best effort: the cluster is gone either way
             logger.warning("[%s] its GCS tables stay in Redis (namespace %s): %s", cluster.name, cluster.name, exc)
             return
         logger.info("[%s] %d GCS tables removed from Redis", cluster.name, removed)

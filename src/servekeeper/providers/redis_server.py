@@ -13,6 +13,7 @@ look finds it gone; `down` stops it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -21,9 +22,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import redis
 
 from servekeeper.providers.base import PermanentProviderError, RetryableProviderError
 from servekeeper.providers.ports import PortAllocator
@@ -47,7 +52,7 @@ class RedisTarget:
     """Where a head's GCS keeps its tables: `address` as its host reaches it, and the password."""
 
     address: str
-    password: str | None
+    password: str | None = field(repr=False)
 
 
 def redis_dir(state_dir: Path) -> Path:
@@ -62,20 +67,24 @@ def redis_binary() -> str | None:
 
 def address_towards(host_address: str) -> str:
     """This machine's address on the route to `host_address` (no packet is sent: a UDP
-    socket's connect only picks the route)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((host_address, 9))
+    socket's connect only picks the route); a name is resolved (this blocks: call it in a thread)."""
+    family, _, _, _, address = socket.getaddrinfo(host_address, 9, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(address)
         return str(probe.getsockname()[0])
 
 
 def render_config(directory: Path, port: int, binds: list[str], password: str) -> str:
+    # "-address": bound if this machine still has it (a changed address must not keep the
+    # server from starting, and with it every head's GCS).
+    optional = [bind if bind in ("127.0.0.1", "::1") else f"-{bind}" for bind in binds]
     return "\n".join(
         [
-            f"bind {' '.join(binds)}",
+            f"bind {' '.join(optional)}",
             f"port {port}",
             "protected-mode yes",
             f"requirepass {password}",
-            f"dir {directory / 'data'}",
+            f'dir "{directory / "data"}"',
             "appendonly yes",
             "appendfsync everysec",
             'save ""',  # the AOF is the record; no RDB snapshots besides it
@@ -92,6 +101,16 @@ class RedisServer:
     def __init__(self, directory: Path, binary: str | None = None) -> None:
         self.directory = directory
         self._binary = binary
+        self._lock = threading.Lock()  # ensure/stop from the loop's worker threads, one at a time
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One start or stop at a time: of this process's threads, and of other processes on the
+        state dir (an offline `down` beside a starting daemon)."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with self._lock, open(self.directory / "lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     @property
     def config_path(self) -> Path:
@@ -124,7 +143,7 @@ class RedisServer:
             status = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return None
-        if status.split(") ", 1)[-1].startswith("Z"):
+        if status.rsplit(") ", 1)[-1].startswith("Z"):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)  # our own child, exited: reap it
             return None
@@ -136,16 +155,17 @@ class RedisServer:
         """The server running and bound to `reached_on` (started, or started again with that
         address added, keeping its port and data); raises RetryableProviderError when it does
         not answer in time, PermanentProviderError when redis-server is not installed."""
-        state = self._state()
-        running = self.pid()
-        if running is not None and state.port is not None and reached_on in state.binds:
-            return RedisTarget(f"{reached_on}:{state.port}", self._password())
-        if running is not None:
-            self._stop_pid(running)  # bound elsewhere: started again with every address
-        # The same port every time: the heads' GCS were started with this address.
-        port = state.port if state.port is not None else PortAllocator().one()
-        self._start(port, sorted({"127.0.0.1", reached_on, *state.binds}))
-        return RedisTarget(f"{reached_on}:{port}", self._password())
+        with self._exclusive():
+            state = self._state()
+            running = self.pid()
+            if running is not None and state.port is not None and reached_on in state.binds:
+                return RedisTarget(f"{reached_on}:{state.port}", self._password())
+            if running is not None:
+                self._stop_pid(running)  # bound elsewhere: started again with every address
+            # The same port every time: the heads' GCS were started with this address.
+            port = state.port if state.port is not None else PortAllocator().one()
+            self._start(port, sorted({"127.0.0.1", reached_on, *state.binds}))
+            return RedisTarget(f"{reached_on}:{port}", self._password())
 
     def _start(self, port: int, binds: list[str]) -> None:
         binary = self._binary or redis_binary()
@@ -167,35 +187,44 @@ class RedisServer:
                 close_fds=True,
             )
         state = {"pid": process.pid, "port": port, "binds": binds}
-        (self.directory / "server.json").write_text(json.dumps(state))
+        written = self.directory / "server.json.new"
+        written.write_text(json.dumps(state))
+        os.replace(written, self.directory / "server.json")  # a reader sees the old record or the new
         logger.info("redis-server for the GCS started: pid %d, port %d, bound to %s", process.pid, port, binds)
-        if not _answers("127.0.0.1", port, START_SECONDS) or process.poll() is not None:
+        if _serving_pid(port, password, START_SECONDS) != process.pid:
             raise RetryableProviderError(
-                f"redis-server (pid {process.pid}) did not serve port {port} within {START_SECONDS:g}s; "
-                f"see {self.directory / 'redis.log'}"
+                f"redis-server (pid {process.pid}) did not serve port {port} within {START_SECONDS:g}s "
+                f"(another process may hold the port); see {self.directory / 'redis.log'}"
             )
 
     def stop(self) -> None:
         """`down`: the server stops (its data stays for the next start)."""
-        pid = self.pid()
-        if pid is not None:
-            self._stop_pid(pid)
+        with self._exclusive():
+            pid = self.pid()
+            if pid is not None:
+                self._stop_pid(pid)
 
     def _stop_pid(self, pid: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)  # redis-server flushes its AOF on SIGTERM
         deadline = time.monotonic() + STOP_SECONDS
         while self.pid() == pid and time.monotonic() < deadline:
             time.sleep(0.05)
         if self.pid() == pid:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
 
-def _answers(host: str, port: int, timeout: float) -> bool:
+def _serving_pid(port: int, password: str, timeout: float) -> int | None:
+    """The pid of the redis-server that answers on loopback `port` with `password` (None: none
+    within `timeout`): the one just started, or another process that took the port."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
-            return True
-        time.sleep(0.1)
-    return False
+    client = redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=1, socket_connect_timeout=1)
+    try:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError, OSError):
+                return int(client.info("server")["process_id"])
+            time.sleep(0.1)
+        return None
+    finally:
+        client.close()

@@ -3,6 +3,7 @@ client that measures it is in load.py."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import httpx
 import psutil
 import yaml
 
+from servekeeper.client.common import LOCK_FILE_NAME
 from servekeeper.providers.local import session_members, tagged_processes
 from servekeeper.providers.ports import PortAllocator
 
@@ -173,6 +175,16 @@ class Servekeeper:
 
     def controller_pid(self) -> int:
         return int((self.state_dir / "controller.pid").read_text())
+
+    def controller_alive(self) -> bool:
+        """Whether a controller holds the state dir's lock (whatever `controller.pid` says)."""
+        with open(self.state_dir / LOCK_FILE_NAME, "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
 
     def kill_controller(self) -> None:
         pid = self.controller_pid()
