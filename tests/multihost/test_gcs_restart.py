@@ -155,7 +155,8 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
         wait_until(lambda: load.result.ok > 50, 30, "load to start")
         killed_at = time.time()
         for pid in tagged_pids([head["temp_dir"]]):  # raylet, GCS, dashboard, Serve's controller: all
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # gone with a process killed before it
+                os.kill(pid, signal.SIGKILL)
         wait_until(lambda: daemon.events(NAME).count("HeadRestarted") > restarted_before, 120, "the head started again")
         restarted_at = time.time()
         wait_until(lambda: daemon.condition(NAME, "Ready")["status"] == "True", 120, "Ready again")

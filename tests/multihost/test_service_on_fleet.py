@@ -6,6 +6,7 @@ test_small_fleet_upgrade.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -203,7 +204,8 @@ def test_a_worker_node_killed_is_started_again_on_its_host_not_replaced_with_the
         wait_until(lambda: load.result.ok > 30, 30, "load to start")
         killed_at = time.time()
         for pid in tagged_pids([worker["temp_dir"]]):  # the node's raylet, workers, `ray start`: all at once
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # gone with a process killed before it
+                os.kill(pid, signal.SIGKILL)
         wait_until(lambda: "WorkerRestarting" in shared.sk.events(NAME), 30, "the restart decision")
 
         def restarted() -> bool:
