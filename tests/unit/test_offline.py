@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from servekeeper.cli.main import app
 from servekeeper.model.hostpool import parse_host_pool
 from servekeeper.providers.pool import PoolProvider
 from servekeeper.store.store import Store
+from servekeeper.testing.harness import state_dir_locked
 from tests.unit.ssh_fakes import FakeFleet, pool_document
 from tests.unit.test_pool_clusters import draft, pool_spec
 
@@ -193,13 +193,7 @@ async def test_the_offline_stop_holds_the_lock_so_a_starting_daemon_waits_or_ref
 
 
 def lock_is_free(state_dir: Path) -> bool:
-    with open(state_dir / "controller.lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        return True
+    return not state_dir_locked(state_dir)
 
 
 def test_down_refuses_a_silent_daemon_that_has_not_made_its_store_yet(tmp_path: Path) -> None:

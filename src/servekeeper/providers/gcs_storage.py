@@ -20,7 +20,7 @@ from typing import Literal
 
 import redis
 
-from servekeeper.model.cluster_spec import RayClusterConfigSpec, RedisSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec, RedisSpec, SecretKeySelector
 from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.base import PermanentProviderError, ProviderError, RetryableProviderError
 from servekeeper.providers.node_argv import GCS_RECONNECT_SECONDS, gcs_storage_dir
@@ -77,11 +77,15 @@ def storage_problems(config: RayClusterConfigSpec, secrets: dict[str, dict[str, 
         return [f"{path}.address: unset, so servekeeper runs a Redis for it on this machine: {INSTALL_HINT}"]
     selector = settings.passwordSecret
     if selector is not None and selector.key not in secrets.get(selector.name, {}):
-        return [
-            f"{path}.passwordSecret: secret {selector.name!r} has no key {selector.key!r} "
-            f"(servekeeper secret set {selector.name} {selector.key}=-)"
-        ]
+        return [missing_password(selector)]
     return []
+
+
+def missing_password(selector: SecretKeySelector) -> str:
+    return (
+        f"spec.rayClusterConfig.gcsFaultTolerance.redis.passwordSecret: secret {selector.name!r} has no key "
+        f"{selector.key!r} (servekeeper secret set {selector.name} {selector.key}=-)"
+    )
 
 
 def head_flags(target: RedisTarget | None) -> list[str]:
@@ -104,10 +108,7 @@ class GcsStorage:
             return None
         value = read_secrets(self.secrets_dir).get(selector.name, {}).get(selector.key)
         if value is None:
-            raise PermanentProviderError(
-                f"spec.rayClusterConfig.gcsFaultTolerance.redis.passwordSecret: secret {selector.name!r} has no key "
-                f"{selector.key!r} (servekeeper secret set {selector.name} {selector.key}=-)"
-            )
+            raise PermanentProviderError(missing_password(selector))
         return value
 
     async def target(self, config: RayClusterConfigSpec, head_address: str) -> RedisTarget | None:

@@ -178,13 +178,7 @@ class Servekeeper:
 
     def controller_alive(self) -> bool:
         """Whether a controller holds the state dir's lock (whatever `controller.pid` says)."""
-        with open(self.state_dir / LOCK_FILE_NAME, "a+") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            return False
+        return state_dir_locked(self.state_dir)
 
     def kill_controller(self) -> None:
         pid = self.controller_pid()
@@ -235,6 +229,17 @@ class Servekeeper:
             except psutil.Error:
                 continue
         return leftovers
+
+
+def state_dir_locked(state_dir: Path) -> bool:
+    """Whether a process (a controller, an offline `down`) holds the state dir's lock now."""
+    with open(state_dir / LOCK_FILE_NAME, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
 
 
 def kill_local_cluster(head_pid: int) -> None:
