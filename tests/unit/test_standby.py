@@ -238,3 +238,82 @@ async def test_a_config_change_reaches_the_standby_once_the_active_runs_it_well(
     assert world.cluster(standby.name).applied_config_hash == world.cluster(active.name).applied_config_hash
     to_standby = [document for url, document in world.serve.puts if url == standby.dashboard_url]
     assert to_standby[-1]["applications"][0]["args"]["msg"] == "v2"
+
+
+# -- item 3: a rollout that needs a new cluster of the active's spec takes the standby ------------
+
+
+async def test_a_config_rolled_on_a_new_cluster_takes_the_warm_standby(world: World) -> None:
+    active = await world.roll_out(make_spec(standby={"mode": "warm"}, serveConfigUpdate="NewCluster"))
+    await settle(world)
+    spare = world.only(ClusterRole.STANDBY)
+    assert spare.ready_at is not None and spare.target_capacity == 0.0
+    creating_before = world.reasons().count("ClusterCreating")
+    world.apply(make_spec("v2", standby={"mode": "warm"}, serveConfigUpdate="NewCluster"))
+    world.clock.advance(1)
+    await world.tick()
+    taken = world.only(ClusterRole.PENDING)
+    assert taken.name == spare.name and world.clusters(ClusterRole.STANDBY) == []
+    assert taken.generation == world.service().generation and taken.ready_at is None
+    assert taken.created_at == world.clock(), "its readiness timeout counts from the take"
+    assert world.reasons().count("ClusterCreating") == creating_before, "no cluster started for the rollout"
+    assert "StandbyTaken" in world.reasons()
+    world.clock.advance(1)
+    await world.tick()  # the next tick advances it as the pending cluster
+    put = [document for url, document in world.serve.puts if url == spare.dashboard_url][-1]
+    assert put["applications"][0]["args"]["msg"] == "v2"
+    assert "target_capacity" not in put, "every replica: the PUT sets Serve's target_capacity back to 100"
+    await settle(world, 4)
+    assert world.only(ClusterRole.ACTIVE).name == spare.name
+    old = world.store.get_cluster(active.name)
+    assert old is None or old.role in (ClusterRole.DRAINING, ClusterRole.DELETING), "the old active drained"
+    assert world.dataplane.table["svc"].weights[spare.name] == 100
+    await settle(world, 8)
+    next_standby = world.only(ClusterRole.STANDBY)
+    assert next_standby.name not in (active.name, spare.name), "a new standby follows the rollout"
+    assert next_standby.target_capacity == 0.0 and next_standby.ready_at is not None
+
+
+async def test_a_canary_takes_the_hot_standby_out_of_failover_at_its_first_share(world: World) -> None:
+    steps = [{"setWeight": 25}, {"pause": {}}]
+    strategy = {"type": "Canary", "canary": {"steps": steps, "capacityFollowsTraffic": True}}
+    active, spare = await ready_pair_of(world, make_spec(standby={"mode": "hot"}, upgradeStrategy=strategy))
+    world.apply(make_spec("v2", standby={"mode": "hot"}, upgradeStrategy=strategy))
+    world.clock.advance(1)
+    await world.tick()
+    assert world.only(ClusterRole.PENDING).name == spare.name
+    route = world.dataplane.table["svc"]
+    assert route.standby is None and set(route.weights) == {active.name}, "no longer the failover target"
+    world.clock.advance(1)
+    await world.tick()
+    put = [document for url, document in world.serve.puts if url == spare.dashboard_url][-1]
+    assert put["applications"][0]["args"]["msg"] == "v2" and put["target_capacity"] == 25.0
+
+
+async def ready_pair_of(world: World, spec: ServiceSpec) -> tuple[ClusterRecord, ClusterRecord]:
+    active = await world.roll_out(spec)
+    await settle(world)
+    standby = world.only(ClusterRole.STANDBY)
+    assert standby.ready_at is not None
+    return active, standby
+
+
+async def test_a_cluster_shape_change_never_takes_the_standby(world: World) -> None:
+    _, spare = await ready_pair(world)
+    world.apply(hot(cpus=2))
+    world.clock.advance(1)
+    await world.tick()
+    assert world.only(ClusterRole.PENDING).name != spare.name and "StandbyTaken" not in world.reasons()
+    assert world.only(ClusterRole.STANDBY).name == spare.name, "it still guards the active meanwhile"
+
+
+async def test_a_standby_not_ready_is_not_taken(world: World) -> None:
+    await world.roll_out(make_spec(standby={"mode": "hot"}, serveConfigUpdate="NewCluster"))
+    world.clock.advance(1)
+    await world.tick()  # the standby is being built
+    building = world.only(ClusterRole.STANDBY)
+    assert building.ready_at is None
+    world.apply(make_spec("v2", standby={"mode": "hot"}, serveConfigUpdate="NewCluster"))
+    world.clock.advance(1)
+    await world.tick()
+    assert world.only(ClusterRole.PENDING).name != building.name and "StandbyTaken" not in world.reasons()

@@ -98,6 +98,12 @@ class ControllerMetrics(Collector):
             ["service"],
             registry=self.registry,
         )
+        self.standbys_taken = Counter(
+            "servekeeper_standbys_taken",
+            "Standbys a rollout took as its new cluster (a Serve config rolled on a new cluster of the same spec).",
+            ["service"],
+            registry=self.registry,
+        )
         self.reconcile_duration = Histogram(
             "servekeeper_reconcile_duration_seconds",
             "Duration of one reconcile tick (observe, plan, execute, persist).",
@@ -117,7 +123,13 @@ class ControllerMetrics(Collector):
         ]
         labelled += [
             (m, (service,))
-            for m in (self.rollout_duration, self.config_submissions, self.reconcile_duration, self.failovers)
+            for m in (
+                self.rollout_duration,
+                self.config_submissions,
+                self.reconcile_duration,
+                self.failovers,
+                self.standbys_taken,
+            )
         ]
         for metric, labels in labelled:
             with contextlib.suppress(KeyError):  # a series never created
@@ -143,6 +155,8 @@ class ControllerMetrics(Collector):
                 self.rollouts.labels(name, "aborted").inc()
             elif event.reason == "StandbyPromoted":
                 self.failovers.labels(name).inc()
+            elif event.reason == "StandbyTaken":
+                self.standbys_taken.labels(name).inc()
         if after.observed_generation == before.observed_generation:
             return
         # What the store holds now: the status was written only if no new spec or delete came.

@@ -8,7 +8,7 @@ from servekeeper.core.actions import UpdateClusters
 from servekeeper.core.health import Verdict, health
 from servekeeper.core.planner.context import PlanContext
 from servekeeper.core.planner.serve import apply_config, scale, submit
-from servekeeper.core.planner.standby import take_over
+from servekeeper.core.planner.standby import take_for_rollout, take_over
 from servekeeper.core.planner.traffic import route_as_planned
 from servekeeper.core.planner.workers import restart_workers
 from servekeeper.model.enums import FAILED_APP_STATUSES, ClusterRole
@@ -66,7 +66,8 @@ def maintain_active(ctx: PlanContext) -> None:
         if switch_back_to_kept(ctx, active):
             return
         if ctx.spec.spec.rolls_config_changes_on_new_cluster:
-            ctx.create_cluster(ClusterRole.PENDING, "ServeConfigChanged")
+            if not take_for_rollout(ctx, "ServeConfigChanged"):
+                ctx.create_cluster(ClusterRole.PENDING, "ServeConfigChanged")
         elif observed.dashboard_ok:
             apply_config(ctx, active, observed)
 

@@ -81,6 +81,42 @@ def take_over(ctx: PlanContext, active: ClusterRecord, why: str) -> bool:
     return True
 
 
+def take_for_rollout(ctx: PlanContext, reason: str) -> bool:
+    """A rollout that needs a new cluster of the active's cluster spec (a Serve config rolled on
+    a new cluster: `serveConfigUpdate: NewCluster` or a canary) takes the ready standby as that
+    cluster: its nodes and Serve already run, so only the config PUT and the replicas' start
+    remain. False when there is none to take; the next standby is built once the rollout ends."""
+    standby = ctx.newest(ClusterRole.STANDBY)
+    if standby is None or standby.ready_at is None or standby.takeover_started_at is not None:
+        return False
+    observed = ctx.observed(standby)
+    if standby.cluster_spec_hash != ctx.desired_cluster_hash or standby.failure_reason:
+        return False
+    if standby.name not in ctx.observation.clusters or not observed.processes_alive or not observed.dashboard_ok:
+        return False
+    # Born again as this generation's new cluster: its readiness timeout counts from now, and a
+    # warm one's PUT carries no target_capacity (Serve's 100), unless a canary sets one.
+    taken = {
+        "role": ClusterRole.PENDING,
+        "generation": ctx.service.generation,
+        "created_at": ctx.now,
+        "ready_at": None,
+        "target_capacity": None,
+    }
+    ctx.set_planned(standby.with_changes(**taken))
+    route = ctx.observation.route
+    if route is not None and standby.name in route.upstreams:
+        route_as_planned(ctx)  # a hot one leaves the failover priority before it runs the new config
+    ctx.update_cluster(standby, **taken)
+    ctx.update_service(standby_failures=0, standby_retry_at=None)
+    ctx.event(
+        "StandbyTaken",
+        f"{reason}: the rollout takes standby {standby.name} (running, of this cluster spec) as its "
+        "new cluster: only the config PUT and the replicas' start remain; a new standby follows",
+    )
+    return True
+
+
 def scaled_up(ctx: PlanContext, standby: ClusterRecord) -> bool:
     """A warm standby scaled to 100 serves: Ray shows every deployment HEALTHY at that capacity
     and each app with a replica RUNNING (just after the PUT Serve may still call a deployment
