@@ -40,10 +40,13 @@ class Shared:
         return self.sk.api_get(NAME)
 
     def messages(self, reason: str, since: float) -> list[str]:
+        return self.messages_of(NAME, reason, since)
+
+    def messages_of(self, service: str, reason: str, since: float) -> list[str]:
         with self.sk.db() as db:
             rows = db.execute(
                 "SELECT message FROM events WHERE service = ? AND reason = ? AND time >= ? ORDER BY id",
-                (NAME, reason, since),
+                (service, reason, since),
             ).fetchall()
         return [row[0] for row in rows]
 
@@ -179,3 +182,33 @@ def test_a_warm_standby_is_scaled_up_and_takes_over(shared: Shared) -> None:
     late = {label for when, label in result.timeline if when > killed_at + 20}
     assert late == {"v-warm"}, late
     assert "StandbyScalingUp" in shared.sk.events("warm")
+
+
+def test_a_config_rolled_on_a_new_cluster_takes_the_warm_standby(shared: Shared) -> None:
+    """Item 3 (warm spares): the rollout's new cluster is the standby, already running Serve;
+    only the config PUT and the replicas' start remain. Follows the warm takeover above."""
+    port = shared.sk.api_get("warm")["ingress"]["port"]
+    wait_until(lambda: shared.sk.api_get("warm")["standby"] == "ready", 180, "the next warm standby ready")
+    view = shared.sk.api_get("warm")
+    active, spare = view["activeCluster"], view["standbyCluster"]
+    applied_at = time.time()
+    with Load(f"http://127.0.0.1:{port}/", clients=16, timeout=30) as load:
+        wait_until(lambda: load.result.ok > 100, 30, "load to start")
+        shared.sk.apply(
+            hello_spec("warm", port, msg="v-warm2", standby={"mode": "warm"}, serveConfigUpdate="NewCluster")
+        )
+        wait_until(lambda: shared.sk.api_get("warm")["activeCluster"]["name"] == spare["name"], 120, "the spare active")
+        switched_in = time.time() - applied_at
+        wait_until(lambda: load.result.timeline[-1][1] == "v-warm2", 30, "the new version answers")
+        time.sleep(2)
+        result = load.stop()
+    print(f"\nwarm spare: apply -> traffic on the taken standby in {switched_in:.1f}s; {dict(result.failures)}")
+    assert result.failed == 0, result.failures
+    assert {"v-warm", "v-warm2"} <= set(result.bodies)
+    events = shared.sk.events("warm")
+    assert "StandbyTaken" in events
+    creating = [m for m in shared.messages_of("warm", "ClusterCreating", applied_at) if "standby" not in m]
+    assert not creating, f"a cluster was started for the rollout: {creating}"
+    assert shared.sk.api_get("warm")["activeCluster"]["name"] != active["name"]
+    wait_until(lambda: shared.sk.api_get("warm")["standby"] == "ready", 180, "a new warm standby after the rollout")
+    assert shared.sk.api_get("warm")["standbyCluster"]["name"] not in (active["name"], spare["name"])
