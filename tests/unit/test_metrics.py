@@ -246,6 +246,21 @@ async def test_a_standby_shows_ready_and_its_promotion_counts_as_a_failover(worl
     assert value(samples, "servekeeper_standby_ready", service=NAME) == 0, "the next standby is not ready yet"
 
 
+async def test_a_standby_taken_by_a_rollout_is_counted(world: World) -> None:
+    spec = {"standby": {"mode": "warm"}, "serveConfigUpdate": "NewCluster"}
+    await world.roll_out(make_spec(**spec))
+    for _ in range(4):
+        await world.tick()
+        world.serve.set_status("RUNNING")
+    assert value(await world.scrape(), "servekeeper_standby_ready", service=NAME) == 1
+    app = {"name": "hello", "route_prefix": "/", "import_path": "hello:app", "args": {"msg": "v2"}}
+    world.apply(make_spec(serveConfig={"applications": [app]}, **spec))  # a Serve-config change
+    await world.tick()
+    samples = await world.scrape()
+    assert value(samples, "servekeeper_standbys_taken_total", service=NAME) == 1
+    assert value(samples, "servekeeper_standby_ready", service=NAME) == 0, "taken: no standby until the rollout ends"
+
+
 async def test_failed_and_aborted_rollouts_are_counted(world: World) -> None:
     await world.roll_out(make_spec())
     world.apply(make_spec(cpus=2))
