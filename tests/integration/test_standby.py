@@ -205,8 +205,7 @@ def test_a_config_rolled_on_a_new_cluster_takes_the_warm_standby(shared: Shared)
     print(f"\nwarm spare: apply -> traffic on the taken standby in {switched_in:.1f}s; {dict(result.failures)}")
     assert result.failed == 0, result.failures
     assert {"v-warm", "v-warm2"} <= set(result.bodies)
-    events = shared.sk.events("warm")
-    assert "StandbyTaken" in events
+    assert shared.messages_of("warm", "StandbyTaken", applied_at)
     creating = [m for m in shared.messages_of("warm", "ClusterCreating", applied_at) if "standby" not in m]
     assert not creating, f"a cluster was started for the rollout: {creating}"
     assert shared.sk.api_get("warm")["activeCluster"]["name"] != active["name"]

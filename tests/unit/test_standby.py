@@ -240,29 +240,45 @@ async def test_a_config_change_reaches_the_standby_once_the_active_runs_it_well(
     assert to_standby[-1]["applications"][0]["args"]["msg"] == "v2"
 
 
-# -- item 3: a rollout that needs a new cluster of the active's spec takes the standby ------------
+# -- item 3: a Serve config rolled on a new cluster takes the standby --------------------------
+
+
+def spare_spec(msg: str = "v1", mode: str = "warm", **overrides: Any) -> ServiceSpec:
+    return make_spec(msg, standby={"mode": mode}, serveConfigUpdate="NewCluster", **overrides)
+
+
+async def ready_spare(world: World, mode: str = "warm") -> tuple[ClusterRecord, ClusterRecord]:
+    active = await world.roll_out(spare_spec(mode=mode))
+    await settle(world)
+    standby = world.only(ClusterRole.STANDBY)
+    assert standby.ready_at is not None
+    return active, standby
+
+
+def puts_to(world: World, cluster: ClusterRecord) -> list[dict[str, Any]]:
+    return [document for url, document in world.serve.puts if url == cluster.dashboard_url]
 
 
 async def test_a_config_rolled_on_a_new_cluster_takes_the_warm_standby(world: World) -> None:
-    active = await world.roll_out(make_spec(standby={"mode": "warm"}, serveConfigUpdate="NewCluster"))
-    await settle(world)
-    spare = world.only(ClusterRole.STANDBY)
-    assert spare.ready_at is not None and spare.target_capacity == 0.0
+    active, spare = await ready_spare(world)
+    assert spare.target_capacity == 0.0
     creating_before = world.reasons().count("ClusterCreating")
-    world.apply(make_spec("v2", standby={"mode": "warm"}, serveConfigUpdate="NewCluster"))
+    world.apply(spare_spec("v2"))
     world.clock.advance(1)
     await world.tick()
     taken = world.only(ClusterRole.PENDING)
     assert taken.name == spare.name and world.clusters(ClusterRole.STANDBY) == []
     assert taken.generation == world.service().generation and taken.ready_at is None
     assert taken.created_at == world.clock(), "its readiness timeout counts from the take"
+    assert taken.target_capacity == 100.0, "every replica, and the switch waits until Serve runs them"
     assert world.reasons().count("ClusterCreating") == creating_before, "no cluster started for the rollout"
     assert "StandbyTaken" in world.reasons()
+    world.serve.status_after_put = "DEPLOYING"
     world.clock.advance(1)
     await world.tick()  # the next tick advances it as the pending cluster
-    put = [document for url, document in world.serve.puts if url == spare.dashboard_url][-1]
-    assert put["applications"][0]["args"]["msg"] == "v2"
-    assert "target_capacity" not in put, "every replica: the PUT sets Serve's target_capacity back to 100"
+    put = puts_to(world, spare)[-1]
+    assert put["applications"][0]["args"]["msg"] == "v2" and put["target_capacity"] == 100.0
+    world.serve.set_status("RUNNING", dashboard_url=spare.dashboard_url)
     await settle(world, 4)
     assert world.only(ClusterRole.ACTIVE).name == spare.name
     old = world.store.get_cluster(active.name)
@@ -274,28 +290,64 @@ async def test_a_config_rolled_on_a_new_cluster_takes_the_warm_standby(world: Wo
     assert next_standby.target_capacity == 0.0 and next_standby.ready_at is not None
 
 
-async def test_a_canary_takes_the_hot_standby_out_of_failover_at_its_first_share(world: World) -> None:
-    steps = [{"setWeight": 25}, {"pause": {}}]
-    strategy = {"type": "Canary", "canary": {"steps": steps, "capacityFollowsTraffic": True}}
-    active, spare = await ready_pair_of(world, make_spec(standby={"mode": "hot"}, upgradeStrategy=strategy))
-    world.apply(make_spec("v2", standby={"mode": "hot"}, upgradeStrategy=strategy))
+async def test_a_hot_standby_taken_leaves_the_failover_route_first(world: World) -> None:
+    active, spare = await ready_spare(world, "hot")
+    assert world.dataplane.table["svc"].standby == spare.name
+    world.apply(spare_spec("v2", "hot"))
+    world.clock.advance(1)
+    await world.tick()
+    taken = world.only(ClusterRole.PENDING)
+    assert taken.name == spare.name and taken.target_capacity is None, "its replicas already run"
+    route = world.dataplane.table["svc"]
+    assert route.standby is None and set(route.weights) == {active.name}, "no longer the failover target"
+
+
+async def test_a_failed_rollout_gives_the_standby_back_with_the_actives_config(world: World) -> None:
+    active, spare = await ready_spare(world)
+    good = world.cluster(active.name).good_config_hash
+    world.apply(spare_spec("v2"))
     world.clock.advance(1)
     await world.tick()
     assert world.only(ClusterRole.PENDING).name == spare.name
-    route = world.dataplane.table["svc"]
-    assert route.standby is None and set(route.weights) == {active.name}, "no longer the failover target"
+    world.clock.advance(1)
+    await world.tick()  # v2 PUT to it
+    assert puts_to(world, spare)[-1]["applications"][0]["args"]["msg"] == "v2"
+    world.serve.set_status("DEPLOY_FAILED", "boom", dashboard_url=spare.dashboard_url)
+    for _ in range(3):
+        world.clock.advance(1)
+        await world.tick()
+    assert "RolloutFailed" in world.reasons() and "StandbyGivenBack" in world.reasons()
+    back = world.cluster(spare.name)
+    assert back.role == ClusterRole.STANDBY and back.target_capacity == 0.0 and back.failure_reason is None
+    restore = puts_to(world, spare)[-1]
+    assert restore["applications"][0]["args"]["msg"] == "v1" and restore["target_capacity"] == 0.0
+    world.serve.set_status("RUNNING", dashboard_url=spare.dashboard_url)
+    await settle(world, 3)
+    assert world.cluster(spare.name).ready_at is not None, "ready again behind the untouched active"
+    assert world.cluster(spare.name).applied_config_hash == good
+    assert world.only(ClusterRole.ACTIVE).name == active.name
+    assert world.service().failure_reason is not None, "the failure stays recorded"
+
+
+async def test_the_standby_is_not_taken_while_it_may_be_needed_or_is_unfit(world: World) -> None:
+    active, spare = await ready_spare(world)
+    # The active is unhealthy (under the threshold): the standby stays where it may be needed.
+    world.serve.set_status("UNHEALTHY", "replica crashed", dashboard_url=active.dashboard_url)
     world.clock.advance(1)
     await world.tick()
-    put = [document for url, document in world.serve.puts if url == spare.dashboard_url][-1]
-    assert put["applications"][0]["args"]["msg"] == "v2" and put["target_capacity"] == 25.0
+    world.apply(spare_spec("v2"))
+    world.clock.advance(1)
+    await world.tick()
+    assert world.only(ClusterRole.STANDBY).name == spare.name and "StandbyTaken" not in world.reasons()
 
 
-async def ready_pair_of(world: World, spec: ServiceSpec) -> tuple[ClusterRecord, ClusterRecord]:
-    active = await world.roll_out(spec)
-    await settle(world)
-    standby = world.only(ClusterRole.STANDBY)
-    assert standby.ready_at is not None
-    return active, standby
+async def test_the_standby_is_not_taken_while_the_route_cannot_be_read(world: World) -> None:
+    _, spare = await ready_spare(world, "hot")
+    world.dataplane.fail("routes")
+    world.apply(spare_spec("v2", "hot"))
+    world.clock.advance(1)
+    await world.tick()
+    assert world.only(ClusterRole.STANDBY).name == spare.name and "StandbyTaken" not in world.reasons()
 
 
 async def test_a_cluster_shape_change_never_takes_the_standby(world: World) -> None:
@@ -308,12 +360,12 @@ async def test_a_cluster_shape_change_never_takes_the_standby(world: World) -> N
 
 
 async def test_a_standby_not_ready_is_not_taken(world: World) -> None:
-    await world.roll_out(make_spec(standby={"mode": "hot"}, serveConfigUpdate="NewCluster"))
+    await world.roll_out(spare_spec(mode="hot"))
     world.clock.advance(1)
     await world.tick()  # the standby is being built
     building = world.only(ClusterRole.STANDBY)
     assert building.ready_at is None
-    world.apply(make_spec("v2", standby={"mode": "hot"}, serveConfigUpdate="NewCluster"))
+    world.apply(spare_spec("v2", "hot"))
     world.clock.advance(1)
     await world.tick()
     assert world.only(ClusterRole.PENDING).name != building.name and "StandbyTaken" not in world.reasons()

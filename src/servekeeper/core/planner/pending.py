@@ -38,8 +38,7 @@ def advance_pending(ctx: PlanContext, pending: ClusterRecord) -> None:
     if not observed.dashboard_ok:
         return  # still starting
     if pending.applied_config_hash != ctx.desired_config_hash:
-        # Its first PUT of this config (a standby taken by the rollout runs an older one).
-        first_config = pending.submitted_config_hash != ctx.desired_config_hash and pending.target_capacity is None
+        first_config = pending.applied_config_hash is None and pending.target_capacity is None
         if first_config and capacity_follows_traffic(ctx) and active and canary_applies(ctx, pending, active):
             # Born at the first step's share: the upgrade never needs twice the replicas.
             pending = ctx.update_cluster(pending, target_capacity=first_canary_capacity(ctx))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from servekeeper.core.actions import UpdateClusters
 from servekeeper.core.planner.context import PlanContext
-from servekeeper.core.planner.serve import apply_config, scale
+from servekeeper.core.planner.serve import apply_config, scale, submit
 from servekeeper.core.planner.traffic import ready_standby, route_as_planned
 from servekeeper.core.planner.workers import restart_workers
 from servekeeper.model.enums import ClusterRole
@@ -82,37 +82,41 @@ def take_over(ctx: PlanContext, active: ClusterRecord, why: str) -> bool:
 
 
 def take_for_rollout(ctx: PlanContext, reason: str) -> bool:
-    """A rollout that needs a new cluster of the active's cluster spec (a Serve config rolled on
-    a new cluster: `serveConfigUpdate: NewCluster` or a canary) takes the ready standby as that
-    cluster: its nodes and Serve already run, so only the config PUT and the replicas' start
-    remain. False when there is none to take; the next standby is built once the rollout ends."""
+    """A Serve config rolled on a new cluster of the active's cluster spec
+    (`serveConfigUpdate: NewCluster`) takes the ready standby as that cluster: its nodes and
+    Serve already run, so only the config PUT and the replicas' start remain. False when there
+    is none to take, or it must keep guarding an active that is unhealthy. A canary never takes
+    it: the standby guards the stable cluster for as long as the canary runs. The next standby
+    is built once the rollout ends; a rollout that fails gives it back (`failure.give_back`)."""
     standby = ctx.newest(ClusterRole.STANDBY)
+    if ctx.spec.spec.standby is None or ctx.spec.spec.upgradeStrategy.type == "Canary":
+        return False
     if standby is None or standby.ready_at is None or standby.takeover_started_at is not None:
         return False
     observed = ctx.observed(standby)
     if standby.cluster_spec_hash != ctx.desired_cluster_hash or standby.failure_reason:
         return False
+    if ctx.plan.service.unhealthy_since is not None or not ctx.observation.ingress_ok:
+        return False  # the active may need it at any moment; or the route it leaves cannot be read
     if standby.name not in ctx.observation.clusters or not observed.processes_alive or not observed.dashboard_ok:
         return False
-    # Born again as this generation's new cluster: its readiness timeout counts from now, and a
-    # warm one's PUT carries no target_capacity (Serve's 100), unless a canary sets one.
+    # Born again as this generation's new cluster: its readiness timeout counts from now. A
+    # warm one is wanted at 100: the switch then waits until Serve runs every replica there.
     taken = {
         "role": ClusterRole.PENDING,
         "generation": ctx.service.generation,
         "created_at": ctx.now,
         "ready_at": None,
-        "target_capacity": None,
+        "target_capacity": 100.0 if standby.target_capacity is not None else None,
     }
     ctx.set_planned(standby.with_changes(**taken))
-    route = ctx.observation.route
-    if route is not None and standby.name in route.upstreams:
-        route_as_planned(ctx)  # a hot one leaves the failover priority before it runs the new config
+    if standby.target_capacity is None:  # a hot one leaves the failover route before the new config
+        route_as_planned(ctx)
     ctx.update_cluster(standby, **taken)
-    ctx.update_service(standby_failures=0, standby_retry_at=None)
     ctx.event(
         "StandbyTaken",
         f"{reason}: the rollout takes standby {standby.name} (running, of this cluster spec) as its "
-        "new cluster: only the config PUT and the replicas' start remain; a new standby follows",
+        "new cluster: only the config PUT and the replicas' start remain",
     )
     return True
 
@@ -207,6 +211,11 @@ def advance(ctx: PlanContext, standby: ClusterRecord, active: ClusterRecord | No
             standby = ctx.update_cluster(standby, target_capacity=0.0)  # born with no replicas
         apply_config(ctx, standby, observed)
         return
+    good = standby.good_config_hash
+    if not proven and active is not None and good is not None and good == active.good_config_hash:
+        if standby.applied_config_hash != good:  # given back by a failed rollout: the active's config again
+            submit(ctx, standby, good, restore=True)
+            return
     if observed.deployed_config_hash != standby.applied_config_hash or standby.applied_config_hash is None:
         return
     if standby.takeover_started_at is not None and active is not None and ctx.observed(active).processes_alive:
