@@ -10,9 +10,11 @@ import pytest
 
 from servekeeper.dataplane import Backend, DataPlaneError, Endpoint, ServiceRoute
 from servekeeper.dataplane.admin import ProcessConfig, parse_stats
+from servekeeper.dataplane.clusters import render_clusters
 from servekeeper.dataplane.model import route_from_json, route_to_json
+from servekeeper.dataplane.names import backend_of
 from servekeeper.dataplane.observe import observe_routes, sum_backend_stats
-from servekeeper.dataplane.render import backend_of, render_clusters, render_listeners, render_route_configs
+from servekeeper.dataplane.render import render_listeners, render_route_configs
 
 A = Backend("hello-g1", (Endpoint("127.0.0.1", 9001),), (Endpoint("127.0.0.1", 9101),))
 B = Backend("hello-g2", (Endpoint("127.0.0.1", 9003),), (Endpoint("127.0.0.1", 9103),))

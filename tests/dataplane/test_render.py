@@ -9,14 +9,10 @@ import pytest
 
 from servekeeper.dataplane import Backend, DataPlaneError, Endpoint, RouteObservation, ServiceRoute
 from servekeeper.dataplane.admin import parse_config_dump, parse_stats
+from servekeeper.dataplane.clusters import render_clusters, union_clusters
 from servekeeper.dataplane.model import route_from_json, route_to_json
-from servekeeper.dataplane.render import (
-    backend_of,
-    render_clusters,
-    render_listeners,
-    render_route_configs,
-    union_clusters,
-)
+from servekeeper.dataplane.names import backend_of
+from servekeeper.dataplane.render import render_listeners, render_route_configs
 from servekeeper.dataplane.supervision import Backoff
 
 A = Backend("hello-g1", (Endpoint("127.0.0.1", 9001), Endpoint("127.0.0.1", 9002)), (Endpoint("127.0.0.1", 9101),))

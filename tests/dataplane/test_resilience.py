@@ -16,7 +16,7 @@ import httpx
 import psutil
 
 from servekeeper.dataplane import Backend, DataPlane
-from servekeeper.dataplane.render import CLUSTER_TYPE
+from servekeeper.dataplane.names import CLUSTER_TYPE
 from tests.dataplane.conftest import PlaneFactory, UpstreamFactory, admin_get, free_port, process_configs, route
 
 

@@ -9,7 +9,8 @@ import time
 import httpx
 
 from servekeeper.dataplane import Backend, Endpoint
-from servekeeper.dataplane.render import render_clusters, render_route_configs
+from servekeeper.dataplane.clusters import render_clusters
+from servekeeper.dataplane.render import render_route_configs
 from tests.dataplane.conftest import PlaneFactory, UpstreamFactory, free_port, process_configs, route
 
 

@@ -8,12 +8,15 @@ from typing import Any
 import pytest
 
 from servekeeper.core import actions as act
+from servekeeper.core import canary_steps
 from servekeeper.core.analysis import analyse, difference, p99_ms
 from servekeeper.core.planner import plan
+from servekeeper.model.canary_spec import AnalysisSpec
 from servekeeper.model.enums import AppStatus, ClusterRole
 from servekeeper.model.observation import BackendCounters, ClusterObservation
 from servekeeper.model.records import CanaryState, ClusterRecord
-from servekeeper.model.spec import AnalysisSpec, ServiceSpec, SpecError, parse_spec
+from servekeeper.model.routing import HeaderMatch
+from servekeeper.model.spec import ServiceSpec, SpecError, parse_spec
 from servekeeper.testing.sim import SimWorld
 from tests.unit.test_planner import make_spec
 
@@ -307,7 +310,7 @@ def test_canary_state_round_trips_through_json() -> None:
             {"type": "Canary", "canary": {"steps": [{"setWeight": 100}, {"pause": {}}]}}, "last step", id="100-not-last"
         ),
         pytest.param(
-            {"type": "Canary", "canary": {"steps": [{"setWeight": 5, "pause": {}}]}}, "either", id="two-in-one-step"
+            {"type": "Canary", "canary": {"steps": [{"setWeight": 5, "pause": {}}]}}, "one of", id="two-in-one-step"
         ),
         pytest.param(
             {"type": "Canary", "canary": {"steps": [{"pause": {"duration": "soon"}}]}},
@@ -516,3 +519,99 @@ def test_a_canary_never_takes_the_hot_standby_which_guards_the_stable_cluster() 
     assert canary.name != spare.name, "a canary runs on a cluster of its own"
     assert world.with_role(ClusterRole.STANDBY)[0].name == spare.name, "the standby still guards the stable"
     assert world.sim[canary.name].target_capacity == 25.0
+
+
+# -- header routes (issue 23): requests with a header go to the canary, whatever its weight ---------
+
+
+def test_a_header_route_is_one_of_value_or_regex_on_a_valid_header_name() -> None:
+    def problems(header_route: dict[str, Any]) -> str:
+        with pytest.raises(SpecError) as caught:
+            canary_spec_with_header("v1", [{"setWeight": 10}], headerRoute=header_route)
+        return "\n".join(caught.value.problems)
+
+    assert "either {value: ...} or {regex: ...}" in problems({"header": "x-canary"})
+    assert "either {value: ...} or {regex: ...}" in problems({"header": "x-canary", "value": "a", "regex": "a"})
+    assert "headerRoute.header" in problems({"header": ":path", "value": "/"})
+    assert "does not compile" in problems({"header": "x-canary", "regex": "(unclosed"})
+    with pytest.raises(SpecError) as caught:
+        canary_spec(steps=[{"setWeight": 10, "setHeaderRoute": {"header": "x-canary", "value": "1"}}])
+    assert "one of {setWeight: N}, {pause: {...}} or {setHeaderRoute: {...}}" in "\n".join(caught.value.problems)
+
+
+def promote(world: SimWorld, count: int) -> None:
+    """`servekeeper promote` as the API counts it (the `count`-th one on this canary)."""
+    world.clusters[pending_of(world).name] = pending_of(world).with_changes(promote_requests=count)
+
+
+def canary_spec_with_header(msg: str, steps: list[dict[str, Any]], **canary_more: Any) -> ServiceSpec:
+    return make_spec(msg=msg, upgradeStrategy={"type": "Canary", "canary": {"steps": steps, **canary_more}})
+
+
+def test_a_header_route_sends_to_the_canary_from_its_start_at_weight_0_and_goes_with_it() -> None:
+    steps = [{"pause": {}}, {"setWeight": 50}, {"pause": {}}]
+    header = {"header": "X-Canary", "value": "always"}
+    world = ready_world(canary_spec_with_header("v1", steps, headerRoute=header))
+    stable = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(canary_spec_with_header("v2", steps, headerRoute=header))
+    world.run_for(30)
+    canary = pending_of(world)
+    assert canary.canary is not None and canary.canary.weight == 0
+    assert world.route is not None
+    assert world.route.header_route == HeaderMatch("x-canary", "always") and world.route.header_backend == canary.name
+    assert weights(world) == {stable.name: 100, canary.name: 0}, "the canary is routed for the header alone"
+    promote(world, 1)
+    world.run_for(5)
+    assert weights(world) == {stable.name: 50, canary.name: 50}
+    assert world.route.header_route is not None, "kept at every step"
+    promote(world, 2)
+    world.run_for(10)
+    assert world.with_role(ClusterRole.ACTIVE)[0].name == canary.name
+    assert world.route.header_route is None and world.route.header_backend is None, "no canary, no header route"
+
+
+def test_a_set_header_route_step_turns_it_on_mid_rollout_and_an_abort_takes_it_out() -> None:
+    steps = [
+        {"setWeight": 10},
+        {"pause": {}},
+        {"setHeaderRoute": {"header": "x-tester", "regex": "qa-.*"}},
+        {"pause": {}},
+    ]
+    world = ready_world(canary_spec_with_header("v1", steps))
+    stable, canary = canary_started(world, canary_spec_with_header("v2", steps))
+    assert world.route is not None and world.route.header_route is None, "not before its step"
+    promote(world, 1)
+    world.run_for(5)
+    assert world.route.header_route == HeaderMatch("x-tester", "qa-.*", regex=True)
+    assert world.route.header_backend == canary.name
+    assert "CanaryHeaderRoute" in reasons(world)
+    world.clusters[canary.name] = pending_of(world).with_changes(abort_requested=True)
+    world.run_for(3)
+    assert world.route.header_route is None and weights(world)[stable.name] == 100
+
+
+def test_the_step_machine_describes_and_derives_the_header_route() -> None:
+    spec = canary_spec_with_header(
+        "v1",
+        [{"setHeaderRoute": {"header": "x-a", "value": "1"}}, {"pause": {}}],
+        headerRoute={"header": "x-b", "value": "2"},
+    ).spec.upgradeStrategy.canary
+    assert spec is not None
+    first = canary_steps.start(0.0)
+    assert canary_steps.describe_step(spec, first) == "step 1/2: setHeaderRoute x-a: 1"
+    assert canary_steps.header_route(spec, first) == HeaderMatch("x-b", "2"), "the canary's own, until the step"
+    assert canary_steps.header_route(spec, first.with_changes(step=1)) == HeaderMatch("x-a", "1")
+
+
+def test_a_canary_that_starts_with_a_pause_is_recorded_once_and_its_pause_ends() -> None:
+    # Found with header routes: a first step at weight 0 never stored the canary's state, so
+    # it "started" again every tick and its pause never ran out.
+    steps = [{"pause": {"duration": "5s"}}, {"setWeight": 50}, {"pause": {}}]
+    world = ready_world(canary_spec_with_header("v1", steps))
+    stable = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(canary_spec_with_header("v2", steps))
+    world.run_for(30)
+    assert reasons(world).count("CanaryStarted") == 1
+    canary = pending_of(world)
+    assert canary.canary is not None and canary.canary.step == 2
+    assert weights(world) == {stable.name: 50, canary.name: 50}, "the pause of 5 s ran out"

@@ -108,8 +108,10 @@ def canary_block(canary: Mapping[str, Any]) -> RenderableType:
     remaining = canary.get("pauseRemainingSeconds")
     pause = f"  pause {remaining:.0f}s left" if remaining is not None else ""
     step = canary.get("stepDescription") or f"step {int(canary.get('step', 0)) + 1}"
+    header = canary.get("headerRoute")
+    pinned = f"  + requests with {header}" if header else ""
     lines: list[RenderableType] = [
-        Text.assemble(("canary ", "bold"), step, f"  weight {canary.get('weight', 0)}%", pause),
+        Text.assemble(("canary ", "bold"), step, f"  weight {canary.get('weight', 0)}%", pinned, pause),
         Text(
             f"analysis {canary.get('passedIntervals', 0)} passed, {canary.get('failedIntervals', 0)} failed, "
             f"{canary.get('inconclusiveIntervals', 0)} inconclusive"

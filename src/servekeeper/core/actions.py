@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servekeeper.model.enums import ClusterRole
+from servekeeper.model.routing import HeaderMatch
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ class SetRoute:
     canary_weight: int = 0
     preview: str | None = None
     standby: str | None = None  # listed in upstreams at 0; takes the traffic of a backend that refuses
+    # Requests matching `header_route` go to `header_backend` (a canary, listed in upstreams) whatever its weight.
+    header_route: HeaderMatch | None = None
+    header_backend: str | None = None
 
     def weights(self) -> dict[str, int]:
         weights = dict.fromkeys(self.upstreams, 0)

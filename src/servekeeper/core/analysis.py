@@ -7,9 +7,9 @@ restarted (its counters start again at 0), and that interval is inconclusive, ne
 
 from __future__ import annotations
 
+from servekeeper.model.canary_spec import AnalysisSpec
 from servekeeper.model.observation import BackendCounters
 from servekeeper.model.records import AnalysisFigures
-from servekeeper.model.spec import AnalysisSpec
 
 PASSED = "passed"
 FAILED = "failed"

@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servekeeper.core.analysis import FAILED, INCONCLUSIVE, PASSED, analyse, describe, difference
+from servekeeper.model.canary_spec import CanarySpec
 from servekeeper.model.observation import BackendCounters
 from servekeeper.model.records import CanaryState
-from servekeeper.model.spec import CanarySpec
+from servekeeper.model.routing import HeaderMatch
 
 CONTINUE = "continue"
 PROMOTE = "promote"  # every step done (or `promote --full`): all traffic to the canary
@@ -50,11 +51,22 @@ def describe_step(spec: CanarySpec, state: CanaryState) -> str:
     step = spec.steps[state.step]
     if step.setWeight is not None:
         what = f"setWeight {step.setWeight}"
+    elif step.setHeaderRoute is not None:
+        what = f"setHeaderRoute {step.setHeaderRoute.match().describe()}"
     elif step.pause is not None and step.pause.duration is not None:
         what = f"pause {step.pause.duration:g}s"
     else:
         what = "pause until promote"
     return f"step {state.step + 1}/{total}: {what}"
+
+
+def header_route(spec: CanarySpec, state: CanaryState) -> HeaderMatch | None:
+    """The header route in force: that of the last `setHeaderRoute` step passed, else the
+    canary's `headerRoute` (on from its start), else none."""
+    for step in reversed(spec.steps[: state.step]):
+        if step.setHeaderRoute is not None:
+            return step.setHeaderRoute.match()
+    return spec.headerRoute.match() if spec.headerRoute is not None else None
 
 
 def pause_remaining(spec: CanarySpec, state: CanaryState, now: float) -> float | None:
@@ -177,6 +189,15 @@ def _step(spec: CanarySpec, decision: CanaryDecision, commands: CanaryCommands, 
                 continue
             decision.state = state.with_changes(step=state.step + 1, step_started_at=now, weight=step.setWeight)
             decision.events.append(("CanaryWeight", f"{step.setWeight}% of traffic to the canary", False))
+            moved = True
+            continue
+        if step.setHeaderRoute is not None:
+            # Like a weight, a route change the ingress acknowledges before the next is recorded.
+            if moved:
+                return
+            decision.state = state.with_changes(step=state.step + 1, step_started_at=now)
+            message = f"requests with {step.setHeaderRoute.match().describe()} go to the canary"
+            decision.events.append(("CanaryHeaderRoute", message, False))
             moved = True
             continue
         pause = step.pause

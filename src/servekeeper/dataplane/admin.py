@@ -10,7 +10,8 @@ from typing import Any
 import aiohttp
 
 from servekeeper.dataplane.model import DataPlaneError
-from servekeeper.dataplane.render import PREVIEW, backend_of
+from servekeeper.dataplane.names import PREVIEW, backend_of
+from servekeeper.model.routing import HeaderMatch
 
 ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=3, sock_connect=1)
 # Only cluster stats of ours; the histogram buckets come along for latency figures. A backend
@@ -32,6 +33,8 @@ class ProcessConfig:
     listener_errors: Mapping[str, str] = field(default_factory=dict)
     route_versions: Mapping[str, str] = field(default_factory=dict)  # route config name -> version
     route_weights: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # name -> cluster -> weight
+    # route config name -> (its header route, the cluster it sends to); routes without one are absent
+    route_headers: Mapping[str, tuple[HeaderMatch, str]] = field(default_factory=dict)
 
 
 def parse_config_dump(dump: Mapping[str, Any]) -> ProcessConfig:
@@ -57,12 +60,15 @@ def parse_config_dump(dump: Mapping[str, Any]) -> ProcessConfig:
                 if "error_state" in x
             }
         elif kind == "RoutesConfigDump":
-            versions, weights = {}, {}
+            versions, weights, headers = {}, {}, {}
             for dynamic in config.get("dynamic_route_configs", []):
                 route_config = dynamic["route_config"]
                 versions[route_config["name"]] = dynamic.get("version_info", "")
                 weights[route_config["name"]] = _weights(route_config)
-            parsed["route_versions"], parsed["route_weights"] = versions, weights
+                header = _header_route(route_config)
+                if header is not None:
+                    headers[route_config["name"]] = header
+            parsed["route_versions"], parsed["route_weights"], parsed["route_headers"] = versions, weights, headers
     return ProcessConfig(**parsed)
 
 
@@ -73,6 +79,21 @@ def _weights(route_config: Mapping[str, Any]) -> dict[str, int]:
             for cluster in route.get("route", {}).get("weighted_clusters", {}).get("clusters", []):
                 weights[cluster["name"]] = int(cluster.get("weight", 0))
     return weights
+
+
+def _header_route(route_config: Mapping[str, Any]) -> tuple[HeaderMatch, str] | None:
+    """The first route that matches on a header (the one servekeeper writes), and its cluster."""
+    for host in route_config.get("virtual_hosts", []):
+        for route in host.get("routes", []):
+            headers = route.get("match", {}).get("headers", [])
+            cluster = route.get("route", {}).get("cluster")
+            if not headers or not cluster:
+                continue
+            string_match = headers[0].get("string_match", {})
+            regex = string_match.get("safe_regex", {}).get("regex")
+            value = regex if regex is not None else string_match.get("exact", "")
+            return HeaderMatch(headers[0].get("name", ""), value, regex=regex is not None), cluster
+    return None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.observation import IngressRouteObservation
+from servekeeper.model.routing import HeaderMatch
 
 # Names end up inside Envoy cluster names and stat names ("cluster.<name>.upstream_rq_active"):
 # a dot or colon there would make the stat names ambiguous, so only a safe alphabet is accepted.
@@ -59,6 +60,9 @@ class ServiceRoute:
     # A hot standby: a backend listed with weight 0 that takes the HTTP traffic of any other
     # backend the moment that one refuses connections (a dead head), without waiting for a tick.
     standby: str | None = None
+    # Requests matching `header_route` go to `header_backend` (HTTP), whatever the weights.
+    header_route: HeaderMatch | None = None
+    header_backend: str | None = None
 
     def __post_init__(self) -> None:
         check_name("service", self.service)
@@ -78,6 +82,10 @@ class ServiceRoute:
         self._check_preview(names)
         if self.standby is not None and (self.standby not in names or self.weights[self.standby] != 0):
             raise DataPlaneError(f"service {self.service}: standby {self.standby} must be a backend with weight 0")
+        if (self.header_route is None) != (self.header_backend is None) or (
+            self.header_backend is not None and self.header_backend not in names
+        ):
+            raise DataPlaneError(f"service {self.service}: a header route needs one of the backends {names}")
         if self.max_request_bytes <= 0 or self.request_timeout_s < 0 or self.idle_timeout_s < 0:
             raise DataPlaneError(f"service {self.service}: limits must be positive")
 
@@ -109,6 +117,8 @@ class RouteObservation:
     in_sync: bool  # every process has the same route
     inflight: dict[str, int] = field(default_factory=dict)  # backend -> requests and open streams, all processes
     failover: bool = False  # a standby stands behind the route's backends
+    header_route: HeaderMatch | None = None  # its requests go to `header_backend`
+    header_backend: str | None = None
 
     @property
     def backends(self) -> frozenset[str]:
@@ -127,6 +137,8 @@ class RouteObservation:
             inflight=dict(self.inflight),
             weights=dict(self.weights),
             failover=self.failover,
+            header_route=self.header_route,
+            header_backend=self.header_backend,
         )
 
 
@@ -158,6 +170,16 @@ def route_to_json(route: ServiceRoute) -> dict[str, Any]:
         "preview_port": route.preview_port,
         "preview_backend": route.preview_backend,
         "standby": route.standby,
+        "header_route": (
+            None
+            if route.header_route is None
+            else {
+                "header": route.header_route.header,
+                "value": route.header_route.value,
+                "regex": route.header_route.regex,
+            }
+        ),
+        "header_backend": route.header_backend,
         "backends": [
             {
                 "name": b.name,
@@ -192,6 +214,8 @@ def route_from_json(data: Mapping[str, Any]) -> ServiceRoute:
             preview_port=data.get("preview_port"),
             preview_backend=data.get("preview_backend"),
             standby=data.get("standby"),  # routes stored before standbys existed have none
+            header_route=HeaderMatch(**header) if (header := data.get("header_route")) else None,
+            header_backend=data.get("header_backend"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DataPlaneError(f"unreadable stored route: {exc!r}") from exc

@@ -6,11 +6,13 @@ from collections.abc import Collection, Sequence
 
 from servekeeper.dataplane.admin import ClusterCounters, ProcessConfig, inflight
 from servekeeper.dataplane.model import BackendStats, RouteObservation
-from servekeeper.dataplane.render import FAILOVER, HTTP, backend_of
+from servekeeper.dataplane.names import FAILOVER, HTTP, backend_of
+from servekeeper.model.routing import HeaderMatch
 
 
 def observe_routes(answers: Sequence[tuple[ProcessConfig, dict[str, ClusterCounters]]]) -> dict[str, RouteObservation]:
     per_process_weights: list[dict[str, dict[str, int]]] = []
+    per_process_headers: list[dict[str, tuple[HeaderMatch, str]]] = []  # service -> (match, backend)
     busy: dict[str, int] = {}
     failing_over: set[str] = set()  # services whose route (in some process) has a standby behind it
     for config, stats in answers:
@@ -23,6 +25,13 @@ def observe_routes(answers: Sequence[tuple[ProcessConfig, dict[str, ClusterCount
                 if any(owner[0] == FAILOVER for owner in owners.values()):
                     failing_over.add(service)
         per_process_weights.append(weights)
+        headers: dict[str, tuple[HeaderMatch, str]] = {}
+        for name, (match, cluster) in config.route_headers.items():
+            protocol, _, service = name.partition("-")
+            owner = backend_of(cluster)
+            if protocol == HTTP and owner is not None:
+                headers[service] = (match, owner[1])
+        per_process_headers.append(headers)
         for backend, counters in stats.items():
             busy[backend] = busy.get(backend, 0) + inflight(counters)
     observed: dict[str, RouteObservation] = {}
@@ -32,12 +41,16 @@ def observe_routes(answers: Sequence[tuple[ProcessConfig, dict[str, ClusterCount
         for one in seen:
             for backend, weight in (one or {}).items():
                 merged[backend] = max(merged.get(backend, 0), weight)
+        header_seen = [headers.get(service) for headers in per_process_headers]
+        header = header_seen[0]
         observed[service] = RouteObservation(
             service=service,
             weights=merged,
-            in_sync=all(one == seen[0] for one in seen),
+            in_sync=all(one == seen[0] for one in seen) and all(one == header for one in header_seen),
             inflight={backend: busy.get(backend, 0) for backend in merged},
             failover=service in failing_over,
+            header_route=header[0] if header is not None else None,
+            header_backend=header[1] if header is not None else None,
         )
     return observed
 

@@ -14,17 +14,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from servekeeper.dataplane.admin import ProcessConfig
+from servekeeper.dataplane.clusters import render_clusters, union_clusters
 from servekeeper.dataplane.model import DataPlaneError, ServiceRoute, route_from_json, route_to_json
+from servekeeper.dataplane.names import Resource, listener_name
 from servekeeper.dataplane.observe import version_acknowledged
 from servekeeper.dataplane.process import write_atomically
-from servekeeper.dataplane.render import (
-    Resource,
-    listener_name,
-    render_clusters,
-    render_listeners,
-    render_route_configs,
-    union_clusters,
-)
+from servekeeper.dataplane.render import render_listeners, render_route_configs
 from servekeeper.dataplane.xds import XdsFiles
 
 # Reads what the process with this index has applied; raises DataPlaneError when it cannot.

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from servekeeper.dataplane.model import DataPlaneError
+from servekeeper.dataplane.names import Resource, route_file
 from servekeeper.dataplane.process import write_atomically
-from servekeeper.dataplane.render import Resource, discovery_response, route_file
+from servekeeper.dataplane.render import discovery_response
 
 
 class XdsFiles:

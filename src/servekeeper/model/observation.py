@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servekeeper.model.enums import AppSource, AppStatus
+from servekeeper.model.routing import HeaderMatch
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,8 @@ class IngressRouteObservation:
     weights: dict[str, int] = field(default_factory=dict)  # empty: only `active` carries traffic
     preview: str | None = None  # the backend the preview port sends to
     failover: bool = False  # a standby stands behind the backends (listed in upstreams at weight 0)
+    header_route: HeaderMatch | None = None  # requests matching it go to `header_backend`
+    header_backend: str | None = None
 
     def weight_of(self, name: str) -> int:
         if self.weights:

@@ -11,12 +11,13 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from servekeeper.model.base import DNS_LABEL, StrictModel
+from servekeeper.model.canary_spec import CanarySpec
 from servekeeper.model.cluster_spec import RayClusterConfigSpec, fractional_resource_problems, gcs_problems
 
 MAX_SPEC_BYTES = 1_000_000
@@ -46,77 +47,6 @@ class IngressSpec(StrictModel):
         ports = [p for p in (self.port, self.grpcPort, self.previewPort) if p is not None]
         if len(set(ports)) != len(ports):
             raise ValueError("port, grpcPort and previewPort must differ")
-        return self
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def _seconds(value: Any) -> Any:
-    """ "30s", "2m", "1.5h", "250ms" or a plain number of seconds (Argo Rollouts' duration shape)."""
-    if isinstance(value, str):
-        match = _DURATION.match(value)
-        if match is None:
-            raise ValueError(f"{value!r} is not a duration like '30s', '2m' or '1h'")
-        return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    return value
-
-
-Duration = Annotated[float, BeforeValidator(_seconds), Field(ge=0, le=7 * 86400)]
-
-
-class PauseSpec(StrictModel):
-    duration: Duration | None = None  # None: wait for `servekeeper promote`
-
-
-class CanaryStepSpec(StrictModel):
-    """One step, exactly one of: move the canary's weight, or pause."""
-
-    setWeight: int | None = Field(default=None, ge=0, le=100)
-    pause: PauseSpec | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> CanaryStepSpec:
-        if (self.setWeight is None) == (self.pause is None):
-            raise ValueError("a step is either {setWeight: N} or {pause: {...}}")
-        return self
-
-
-class MinThreshold(StrictModel):
-    min: float = Field(ge=0, le=1)
-
-
-class MaxThreshold(StrictModel):
-    max: float = Field(gt=0)
-
-
-class AnalysisSpec(StrictModel):
-    """Checked every interval while the canary has traffic, from the ingress's own counters."""
-
-    interval: Duration = Field(default=10, gt=0)
-    minRequests: int = Field(default=50, ge=1)  # fewer in an interval: inconclusive, neither pass nor fail
-    successRate: MinThreshold | None = None  # share of non-5xx answers
-    latencyP99Ms: MaxThreshold | None = None
-    failureLimit: int = Field(default=1, ge=0, le=1000)  # failed intervals tolerated; one more aborts
-
-    @model_validator(mode="after")
-    def _something_to_check(self) -> AnalysisSpec:
-        if self.successRate is None and self.latencyP99Ms is None:
-            raise ValueError("analysis needs successRate or latencyP99Ms (or both)")
-        return self
-
-
-class CanarySpec(StrictModel):
-    steps: list[CanaryStepSpec] = Field(min_length=1, max_length=100)
-    analysis: AnalysisSpec | None = None
-    capacityFollowsTraffic: bool = False
-
-    @model_validator(mode="after")
-    def _weights_make_sense(self) -> CanarySpec:
-        for index, step in enumerate(self.steps):
-            if step.setWeight == 100 and index != len(self.steps) - 1:
-                raise ValueError(f"steps[{index}]: setWeight 100 promotes the canary; it can only be the last step")
         return self
 
 

@@ -68,6 +68,7 @@ class CanaryView(TypedDict):
     steps: NotRequired[int]
     stepDescription: NotRequired[str]  # "step 2/4: pause 30s"
     pauseRemainingSeconds: NotRequired[float | None]  # None: not in a timed pause
+    headerRoute: NotRequired[str | None]  # "x-canary: always": its requests go to the canary, whatever the weight
 
 
 class ClusterView(TypedDict):

@@ -260,7 +260,13 @@ class SimWorld:
             weights = action.weights()
             active = max((weight, name) for name, weight in weights.items())[1]
             self.route = IngressRouteObservation(
-                active=active, upstreams=frozenset(action.upstreams), weights=weights, preview=action.preview
+                active=active,
+                upstreams=frozenset(action.upstreams),
+                weights=weights,
+                preview=action.preview,
+                failover=action.standby is not None,
+                header_route=action.header_route,
+                header_backend=action.header_backend,
             )
         elif isinstance(action, act.RemoveRoute):
             self.route = None

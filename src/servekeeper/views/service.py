@@ -136,6 +136,8 @@ def canary_view(service: ServiceRecord, state: CanaryState, now: float | None) -
         view["steps"] = len(strategy.steps)
         view["stepDescription"] = canary_steps.describe_step(strategy, state)
         view["pauseRemainingSeconds"] = canary_steps.pause_remaining(strategy, state, now) if now is not None else None
+        header = canary_steps.header_route(strategy, state)
+        view["headerRoute"] = header.describe() if header is not None else None
     return view
 
 

@@ -11,8 +11,8 @@ from servekeeper.core.planner.context import PlanContext
 from servekeeper.core.planner.failure import fail_rollout
 from servekeeper.core.planner.serve import scale
 from servekeeper.core.planner.traffic import desired_route, switch_all_traffic
+from servekeeper.model.canary_spec import CanarySpec
 from servekeeper.model.records import CanaryState, ClusterRecord
-from servekeeper.model.spec import CanarySpec
 
 
 def canary_applies(ctx: PlanContext, pending: ClusterRecord, active: ClusterRecord) -> bool:
@@ -113,6 +113,7 @@ def _carry_out(
     """Abort, promote, or move the ingress to the decided step and record it."""
     for reason, message, warning in decision.events:
         ctx.event(reason, message, warning)
+    starting = pending.canary is None  # its first state is stored even when no step moved yet
     # The record as this tick found it, with the decided state (a capacity asked for while
     # deciding went out as an UpdateCluster of its own).
     pending = ctx.set_planned(pending.with_changes(canary=decision.state))
@@ -124,9 +125,13 @@ def _carry_out(
         switch_all_traffic(ctx, pending)
         return
     route_action = desired_route(ctx)
-    if route_action is not None and (decision.state.weight != state.weight or ctx.observation.route is None):
+    strategy = ctx.spec.spec.upgradeStrategy.canary
+    assert strategy is not None  # a canary's tick runs only under a canary strategy
+    header_moved = canary_steps.header_route(strategy, decision.state) != canary_steps.header_route(strategy, state)
+    moved = decision.state.weight != state.weight or header_moved or starting
+    if route_action is not None and (moved or ctx.observation.route is None):
         ctx.do(route_action)  # the ingress first, then the step is recorded
-    if decision.state != state or pending.canary is None:
+    if decision.state != state or starting:
         ctx.do(UpdateCluster(pending.name, {"canary": decision.state}))
     if pending.target_capacity is not None:
         # From the stored weight, every tick: the stable shrinks to what it carries, after the move.

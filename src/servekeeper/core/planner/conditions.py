@@ -8,9 +8,9 @@ from servekeeper.core import canary_steps
 from servekeeper.core.actions import CreateCluster
 from servekeeper.core.health import readiness
 from servekeeper.core.planner.context import PlanContext
+from servekeeper.model.canary_spec import CanarySpec
 from servekeeper.model.enums import ClusterRole, ConditionType
 from servekeeper.model.records import CanaryState, ClusterRecord, Condition
-from servekeeper.model.spec import CanarySpec
 
 # (type, status, reason, message)
 ConditionFields = tuple[ConditionType, bool, str, str]

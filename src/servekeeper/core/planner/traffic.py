@@ -3,10 +3,12 @@ taking a cluster out of the ingress (retire, drain) and deleting it, and a servi
 
 from __future__ import annotations
 
+from servekeeper.core import canary_steps
 from servekeeper.core.actions import ForgetService, RemoveRoute, SetRoute, UpdateCluster
 from servekeeper.core.planner.context import PlanContext
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord
+from servekeeper.model.routing import HeaderMatch
 
 # An old cluster is kept at least this long after the switch: requests already on their way
 # to it (accepted by the ingress a moment before the switch) must reach it.
@@ -25,8 +27,9 @@ def desired_route(ctx: PlanContext) -> SetRoute | None:
     preview = None
     if pending is not None and ctx.spec.spec.ingress.previewPort is not None and pending.head_pid is not None:
         preview = pending.name
+    header = header_route(ctx, pending)
     upstreams = [active.name]
-    if pending is not None and (canary_weight > 0 or preview is not None):
+    if pending is not None and (canary_weight > 0 or preview is not None or header is not None):
         upstreams.append(pending.name)
     upstreams += [c.name for c in ctx.clusters_with_role(ClusterRole.DRAINING)]
     standby = ready_standby(ctx, active)
@@ -39,7 +42,17 @@ def desired_route(ctx: PlanContext) -> SetRoute | None:
         canary_weight=canary_weight,
         preview=preview,
         standby=standby.name if standby is not None else None,
+        header_route=header,
+        header_backend=pending.name if pending is not None and header is not None else None,
     )
+
+
+def header_route(ctx: PlanContext, pending: ClusterRecord | None) -> HeaderMatch | None:
+    """The running canary's header route in force (none before the canary is ready, or after)."""
+    strategy = ctx.spec.spec.upgradeStrategy.canary
+    if pending is None or pending.canary is None or strategy is None or pending.failure_reason:
+        return None
+    return canary_steps.header_route(strategy, pending.canary)
 
 
 def ready_standby(ctx: PlanContext, active: ClusterRecord) -> ClusterRecord | None:
@@ -73,6 +86,8 @@ def maintain_route(ctx: PlanContext) -> None:
         or any(route.weight_of(name) != weight for name, weight in wanted.weights().items())
         or route.preview != wanted.preview
         or route.failover != (wanted.standby is not None)
+        or route.header_route != wanted.header_route
+        or route.header_backend != wanted.header_backend
     )
     if differs and not ctx.planned(SetRoute):
         ctx.do(wanted)

@@ -1,0 +1,158 @@
+"""Envoy clusters as a pure function of the desired routes: one per backend and protocol, with
+health checks, breakers and (behind a standby) outlier detection and the failover aggregate."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+
+from servekeeper.dataplane.model import Backend, ServiceRoute
+from servekeeper.dataplane.names import (
+    CIRCUIT_LIMIT,
+    CLUSTER_TYPE,
+    FAILOVER,
+    GRPC,
+    HEALTH_PATH,
+    HTTP,
+    HTTP_OPTIONS_TYPE,
+    PREVIEW,
+    UPSTREAM_IDLE_TIMEOUT_S,
+    Resource,
+    address,
+    cluster_name,
+    duration,
+)
+from servekeeper.model.endpoint import Endpoint
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _health_timing(endpoint_count: int) -> Resource:
+    """How soon a silent endpoint is ejected. One endpoint (a one-node cluster): generous, since
+    with no panic routing ejecting a busy cluster's only proxy (a slow /-/healthz on two loaded
+    cores) is an outage, and a dead one is refused at connect and retried anyway. Several (a
+    proxy per node of a multi-host cluster): a host cut off the network stays silent, so it is
+    ejected after about 3 s while the other nodes carry the traffic."""
+    if endpoint_count > 1:
+        return {"timeout": "2s", "unhealthy_threshold": 2}
+    return {"timeout": "3s", "unhealthy_threshold": 3}
+
+
+def _circuit_breakers() -> Resource:
+    limits = ("max_connections", "max_pending_requests", "max_requests", "max_retries")
+    return {"thresholds": [dict.fromkeys(limits, CIRCUIT_LIMIT)]}
+
+
+def _outlier_detection() -> Resource:
+    """For a backend with a standby behind it: the first refused connection ejects the endpoint,
+    so the retry of that request and every request after it go to the standby at once (health
+    checks alone take seconds). Only failures to connect count: an app's 5xx never fails over."""
+    return {
+        "split_external_local_origin_errors": True,
+        "consecutive_local_origin_failure": 1,
+        "enforcing_consecutive_local_origin_failure": 100,
+        "enforcing_consecutive_5xx": 0,
+        "enforcing_consecutive_gateway_failure": 0,
+        "enforcing_success_rate": 0,
+        "enforcing_local_origin_success_rate": 0,
+        "interval": "1s",
+        "base_ejection_time": "2s",
+        "max_ejection_percent": 100,
+    }
+
+
+def render_failover_cluster(backend: str, standby: str) -> Resource:
+    """The backend's HTTP cluster first, the standby's when it has no healthy endpoint left."""
+    return {
+        "@type": CLUSTER_TYPE,
+        "name": cluster_name(FAILOVER, backend),
+        "connect_timeout": "1s",
+        "lb_policy": "CLUSTER_PROVIDED",
+        # The route's retries count against this cluster's breaker: Envoy's default (3 retries at
+        # once) would let the refused requests of more than 3 clients fail without their retry.
+        "circuit_breakers": _circuit_breakers(),
+        "cluster_type": {
+            "name": "envoy.clusters.aggregate",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig",
+                "clusters": [cluster_name(HTTP, backend), cluster_name(HTTP, standby)],
+            },
+        },
+    }
+
+
+def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Resource:
+    """The backend's HTTP or gRPC cluster; a PREVIEW cluster is its HTTP cluster under another name.
+    `fails_over`: a standby stands behind its HTTP cluster (see `_outlier_detection`)."""
+    endpoints: tuple[Endpoint, ...] = backend.grpc if kind == GRPC else backend.http
+    name = cluster_name(kind, backend.name)
+    if kind != GRPC:
+        health_check: Resource = {"http_health_check": {"path": HEALTH_PATH}}
+        upstream_protocol: Resource = {"http_protocol_options": {}}
+    else:
+        # Serve's gRPC proxy has no standard health service: a connect check ejects a dead node.
+        health_check = {"tcp_health_check": {}}
+        upstream_protocol = {"http2_protocol_options": {}}
+    extra: Resource = {"outlier_detection": _outlier_detection()} if fails_over and kind == HTTP else {}
+    return {
+        "@type": CLUSTER_TYPE,
+        "name": name,
+        **extra,
+        "type": "STATIC" if all(_is_ip(e.host) for e in endpoints) else "STRICT_DNS",
+        "connect_timeout": "1s",
+        "lb_policy": "ROUND_ROBIN",  # a retry then goes to the next host for sure
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address(e.host, e.port)}} for e in endpoints]}],
+        },
+        # 0: with no healthy endpoint, answer 503 at once instead of spraying requests at dead ones.
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+        "health_checks": [
+            {
+                **_health_timing(len(endpoints)),
+                "interval": "1s",
+                # Without this a cluster carrying no traffic (a draining one) is checked once a minute.
+                "no_traffic_interval": "1s",
+                "healthy_threshold": 1,
+                **health_check,
+            }
+        ],
+        # A host cut off the network does not refuse: requests sent on a pooled connection to it
+        # would hang until the client gives up. Once ejected, its connections are closed.
+        "close_connections_on_host_health_failure": len(endpoints) > 1,
+        "circuit_breakers": _circuit_breakers(),
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": HTTP_OPTIONS_TYPE,
+                "common_http_protocol_options": {"idle_timeout": duration(UPSTREAM_IDLE_TIMEOUT_S)},
+                "explicit_http_config": upstream_protocol,
+            }
+        },
+    }
+
+
+def render_clusters(routes: Iterable[ServiceRoute]) -> dict[str, Resource]:
+    clusters: dict[str, Resource] = {}
+    for route in routes:
+        for backend in route.backends:
+            fails_over = route.standby is not None and backend.name != route.standby
+            clusters[cluster_name(HTTP, backend.name)] = render_cluster(HTTP, backend, fails_over)
+            if fails_over:
+                assert route.standby is not None
+                clusters[cluster_name(FAILOVER, backend.name)] = render_failover_cluster(backend.name, route.standby)
+            if route.grpc_port is not None and backend.grpc:
+                clusters[cluster_name(GRPC, backend.name)] = render_cluster(GRPC, backend)
+            if route.preview_port is not None:
+                clusters[cluster_name(PREVIEW, backend.name)] = render_cluster(PREVIEW, backend)
+    return dict(sorted(clusters.items()))
+
+
+def union_clusters(current: Mapping[str, Resource], new: Mapping[str, Resource]) -> dict[str, Resource]:
+    """Make before break: the new clusters beside every cluster a route may still point at."""
+    return dict(sorted({**current, **new}.items()))
