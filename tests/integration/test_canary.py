@@ -49,11 +49,14 @@ class Shared:
         steps: list[dict[str, Any]],
         analysis: dict[str, Any] | None = None,
         rollback_window_s: float = 0,
+        header_route: dict[str, str] | None = None,
         **app_args: Any,
     ) -> dict[str, Any]:
         canary: dict[str, Any] = {"steps": steps}
         if analysis is not None:
             canary["analysis"] = analysis
+        if header_route is not None:
+            canary["headerRoute"] = header_route
         document = hello_spec(
             NAME,
             self.port,
@@ -206,8 +209,16 @@ def test_pause_waits_for_promote_and_undo_in_the_window_switches_back_without_a_
     from playwright.sync_api import sync_playwright
 
     applied = time.time()
-    shared.sk.apply(shared.spec("v5", steps=[{"setWeight": 30}, {"pause": {}}], rollback_window_s=120))
+    header = {"header": "x-canary", "value": "always"}
+    shared.sk.apply(
+        shared.spec("v5", steps=[{"setWeight": 30}, {"pause": {}}], rollback_window_s=120, header_route=header)
+    )
     shared.wait_event("CanaryWeight", applied, timeout=120)
+    # Issue 23's header route: its requests all go to the canary; the others follow the weight.
+    pinned = [httpx.get(shared.url, headers={"X-Canary": "always"}, timeout=5).text for _ in range(30)]
+    plain = [httpx.get(shared.url, timeout=5).text for _ in range(100)]
+    assert set(pinned) == {"v5"}, pinned
+    assert 10 <= plain.count("v5") <= 60 and "v2" in plain, plain
     login_url = shared.sk.cli("dashboard").stdout.strip()
     dashboard = login_url.split("/login?")[0]  # the API's URL, then /ui/<secret path key>
     with sync_playwright() as playwright:
@@ -216,10 +227,12 @@ def test_pause_waits_for_promote_and_undo_in_the_window_switches_back_without_a_
         page.goto(login_url)
         page.goto(f"{dashboard}/services/{NAME}")
         page.wait_for_selector("text=pause until promote")
+        page.wait_for_selector("td.header-route:text-is('x-canary: always')")
         time.sleep(3)
         canary = shared.canary()
         assert canary is not None and canary["weight"] == 30, "pause {} holds the weight until promote"
         assert canary["stepDescription"].endswith("pause until promote")
+        assert canary["headerRoute"] == "x-canary: always"
         page.screenshot(path=str(ARTIFACTS / "dashboard-canary.png"), full_page=True)
         page.click("button:text-is('promote')")  # the dashboard's button, behind its session cookie
         assert shared.sk.wait(NAME, timeout=30) == 0

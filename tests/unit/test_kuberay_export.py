@@ -257,3 +257,16 @@ def test_a_canary_with_analysis_exports_as_new_cluster_and_comes_back_from_the_a
     text, back = roundtrip(spec, [], secrets={})
     assert "type: NewCluster" in text and "KubeRay has no equivalent" in text
     assert back == spec
+
+
+def test_header_routes_keep_a_canary_out_of_incremental_and_come_back_from_the_annotation() -> None:
+    steps = [{"setWeight": 50}, {"pause": {"duration": 30}}]
+    for canary in (
+        {"steps": steps, "capacityFollowsTraffic": True, "headerRoute": {"header": "x-canary", "value": "always"}},
+        {"steps": [*steps, {"setHeaderRoute": {"header": "x-qa", "regex": "qa-.*"}}], "capacityFollowsTraffic": True},
+    ):
+        spec = _spec(upgradeStrategy={"type": "Canary", "canary": canary})
+        manifest, _ = export_manifest(spec, RAY)
+        assert manifest["spec"]["upgradeStrategy"]["type"] == "NewCluster", "KubeRay's incremental upgrade has none"
+        _, back = roundtrip(spec, [], secrets={})
+        assert back == spec

@@ -282,7 +282,9 @@ def _incremental(body: ServiceSpecBody) -> tuple[int, float] | None:
     upgrade does: equal steps each followed by an equal timed pause, capacity following traffic,
     no analysis."""
     canary = body.upgradeStrategy.canary
-    if canary is None or canary.analysis is not None or not canary.capacityFollowsTraffic:
+    if canary is None or canary.analysis is not None or canary.headerRoute is not None:
+        return None
+    if not canary.capacityFollowsTraffic:
         return None
     weights = [step.setWeight for step in canary.steps[0::2]]
     pauses = [step.pause.duration if step.pause else None for step in canary.steps[1::2]]
