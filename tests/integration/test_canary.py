@@ -205,6 +205,25 @@ def test_a_slow_release_is_aborted_with_its_measured_p99(shared: Shared) -> None
     assert result.failed == 0, result.failures
 
 
+def test_a_broken_release_is_aborted_on_its_shadow_copies_before_any_client_sees_it(shared: Shared) -> None:
+    """Issue 23's shadow step: every GET copied to a canary that answers 500 to everything; its
+    analysis judges the copies and aborts it while the clients get the stable answers only."""
+    applied = time.time()
+    analysis = {"interval": "5s", "minRequests": 20, "successRate": {"min": 0.95}, "failureLimit": 0}
+    steps = [{"mirror": {"percent": 100}}, {"setWeight": 50}, {"pause": {}}]
+    with Load(shared.url, clients=16, post_share=0.5) as load:
+        shared.sk.apply(shared.spec("v4s", steps=steps, analysis=analysis, error_rate=1.0))
+        started, _ = shared.wait_event("CanaryStarted", applied, timeout=120)
+        aborted, message = shared.wait_event("RolloutAborted", applied, timeout=60)
+        time.sleep(1)
+        result = load.stop()
+    assert message.startswith("AnalysisFailed") and "success rate 0.0000" in message, message
+    assert aborted - started <= 5 + 15, f"aborted {aborted - started:.1f}s after the copies began"
+    assert result.failed == 0, result.failures
+    assert set(result.bodies) == {"v2"}, "no client ever got an answer from the canary"
+    assert result.by_method["POST"] > 0 and not shared.events("CanaryWeight", applied), "no weight moved"
+
+
 def test_pause_waits_for_promote_and_undo_in_the_window_switches_back_without_a_cluster(shared: Shared) -> None:
     from playwright.sync_api import sync_playwright
 

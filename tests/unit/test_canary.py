@@ -15,9 +15,10 @@ from servekeeper.model.canary_spec import AnalysisSpec
 from servekeeper.model.enums import AppStatus, ClusterRole
 from servekeeper.model.observation import BackendCounters, ClusterObservation
 from servekeeper.model.records import CanaryState, ClusterRecord
-from servekeeper.model.routing import HeaderMatch
+from servekeeper.model.routing import HeaderMatch, Mirror
 from servekeeper.model.spec import ServiceSpec, SpecError, parse_spec
 from servekeeper.testing.sim import SimWorld
+from servekeeper.views.service import canary_view
 from tests.unit.test_planner import make_spec
 
 STEPS: list[dict[str, Any]] = [
@@ -536,7 +537,7 @@ def test_a_header_route_is_one_of_value_or_regex_on_a_valid_header_name() -> Non
     assert "does not compile" in problems({"header": "x-canary", "regex": "(unclosed"})
     with pytest.raises(SpecError) as caught:
         canary_spec(steps=[{"setWeight": 10, "setHeaderRoute": {"header": "x-canary", "value": "1"}}])
-    assert "one of {setWeight: N}, {pause: {...}} or {setHeaderRoute: {...}}" in "\n".join(caught.value.problems)
+    assert "{setHeaderRoute: {...}} or {mirror: {...}}" in "\n".join(caught.value.problems)
 
 
 def promote(world: SimWorld, count: int) -> None:
@@ -615,3 +616,73 @@ def test_a_canary_that_starts_with_a_pause_is_recorded_once_and_its_pause_ends()
     canary = pending_of(world)
     assert canary.canary is not None and canary.canary.step == 2
     assert weights(world) == {stable.name: 50, canary.name: 50}, "the pause of 5 s ran out"
+
+
+# -- shadow steps (issue 23): a share of the requests copied to the canary, its answers dropped -----
+
+
+def mirror_started(world: SimWorld, spec: ServiceSpec) -> tuple[ClusterRecord, ClusterRecord]:
+    stable = world.with_role(ClusterRole.ACTIVE)[0]
+    world.apply(spec)
+    for _ in range(60):
+        world.tick()
+        world.advance(0.5)
+        if world.route is not None and world.route.mirror is not None:
+            return stable, pending_of(world)
+    raise AssertionError("the mirror never started")
+
+
+def test_a_mirror_step_copies_to_the_canary_at_weight_0_then_the_steps_go_on() -> None:
+    steps = [{"mirror": {"percent": 100, "duration": "10s"}}, {"setWeight": 20}, {"pause": {}}]
+    world = ready_world(canary_spec(steps=steps))
+    stable, canary = mirror_started(world, canary_spec(msg="v2", steps=steps))
+    assert world.route is not None and world.route.mirror == Mirror(canary.name, 100, ("GET", "HEAD"))
+    assert weights(world) == {stable.name: 100, canary.name: 0}, "the clients get the stable answer only"
+    assert pending_of(world).canary is not None
+    assert "mirror 100% of GET, HEAD 10s" in canary_steps.describe_step(
+        canary_spec(steps=steps).spec.upgradeStrategy.canary,  # type: ignore[arg-type]
+        pending_of(world).canary,  # type: ignore[arg-type]
+    )
+    world.run_for(12)
+    assert world.route.mirror is None, "the copies end with their step"
+    assert weights(world) == {stable.name: 80, canary.name: 20}
+
+
+def test_analysis_judges_the_copies_and_aborts_a_broken_canary_before_any_client_sees_it() -> None:
+    steps = [{"mirror": {"percent": 100, "methods": ["GET", "POST"]}}, {"setWeight": 50}]
+    world = ready_world(canary_spec(steps=steps, analysis=ANALYSIS))
+    stable, canary = mirror_started(world, canary_spec(msg="v2", steps=steps, analysis=ANALYSIS))
+    assert world.route is not None and world.route.mirror == Mirror(canary.name, 100, ("GET", "POST"))
+    started = world.now
+    while world.with_role(ClusterRole.PENDING):
+        run_with_traffic(world, 0.5, error_rate={canary.name: 1.0})
+        assert world.route.weight_of(canary.name) == 0, "no client request ever went to it"
+        assert world.now - started < 10 * (1 + 1) + 5, "aborted within interval x (failureLimit + 1) + 5 s"
+    reason = world.service.failure_reason or ""
+    assert reason.startswith("AnalysisFailed: 2 failed interval(s)") and "success rate 0.0000" in reason, reason
+    assert world.route.mirror is None and weights(world) == {stable.name: 100, canary.name: 0}
+
+
+def test_a_mirror_step_is_one_of_the_step_kinds_with_a_percent_and_known_methods() -> None:
+    for step, problem in (
+        ({"mirror": {"percent": 0}}, "percent"),
+        ({"mirror": {"percent": 10, "methods": ["FETCH"]}}, "methods"),
+        ({"mirror": {"percent": 10, "methods": []}}, "methods"),
+        ({"mirror": {"percent": 10}, "setWeight": 5}, "one of"),
+    ):
+        with pytest.raises(SpecError) as caught:
+            canary_spec(steps=[step])
+        assert problem in "\n".join(caught.value.problems), (step, caught.value.problems)
+
+
+def test_the_canary_view_shows_the_header_route_and_the_shadow_step() -> None:
+    steps = [{"mirror": {"percent": 40}}, {"setWeight": 20}]
+    header = {"header": "x-canary", "value": "always"}
+    world = ready_world(canary_spec_with_header("v1", steps, headerRoute=header))
+    _, canary = mirror_started(world, canary_spec_with_header("v2", steps, headerRoute=header))
+    state = pending_of(world).canary
+    assert state is not None
+    view = canary_view(world.service, state, world.now)
+    assert view.get("headerRoute") == "x-canary: always"
+    assert view.get("mirror") == "40% of GET, HEAD copied"
+    assert view.get("stepDescription") == "step 1/2: mirror 40% of GET, HEAD until promote"

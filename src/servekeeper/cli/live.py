@@ -110,6 +110,8 @@ def canary_block(canary: Mapping[str, Any]) -> RenderableType:
     step = canary.get("stepDescription") or f"step {int(canary.get('step', 0)) + 1}"
     header = canary.get("headerRoute")
     pinned = f"  + requests with {header}" if header else ""
+    if canary.get("mirror"):
+        pinned += f"  shadow: {canary['mirror']}"
     lines: list[RenderableType] = [
         Text.assemble(("canary ", "bold"), step, f"  weight {canary.get('weight', 0)}%", pinned, pause),
         Text(

@@ -318,6 +318,7 @@ class Executor:
             standby=action.standby if any(b.name == action.standby for b in backends) else None,
             header_route=action.header_route if any(b.name == action.header_backend for b in backends) else None,
             header_backend=action.header_backend if any(b.name == action.header_backend for b in backends) else None,
+            mirror=action.mirror if action.mirror and any(b.name == action.mirror.backend for b in backends) else None,
             grpc_port=ingress.grpcPort,
             max_request_bytes=ingress.maxRequestBytes,
             request_timeout_s=ingress.requestTimeoutSeconds,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servekeeper.model.enums import ClusterRole
-from servekeeper.model.routing import HeaderMatch
+from servekeeper.model.routing import HeaderMatch, Mirror
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class SetRoute:
     # Requests matching `header_route` go to `header_backend` (a canary, listed in upstreams) whatever its weight.
     header_route: HeaderMatch | None = None
     header_backend: str | None = None
+    mirror: Mirror | None = None  # a share of the requests copied to a canary (listed in upstreams)
 
     def weights(self) -> dict[str, int]:
         weights = dict.fromkeys(self.upstreams, 0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servekeeper.core.analysis import FAILED, INCONCLUSIVE, PASSED, analyse, describe, difference
-from servekeeper.model.canary_spec import CanarySpec
+from servekeeper.model.canary_spec import CanarySpec, CanaryStepSpec, MirrorSpec
 from servekeeper.model.observation import BackendCounters
 from servekeeper.model.records import CanaryState
 from servekeeper.model.routing import HeaderMatch
@@ -53,11 +53,26 @@ def describe_step(spec: CanarySpec, state: CanaryState) -> str:
         what = f"setWeight {step.setWeight}"
     elif step.setHeaderRoute is not None:
         what = f"setHeaderRoute {step.setHeaderRoute.match().describe()}"
+    elif step.mirror is not None:
+        how_long = f"{step.mirror.duration:g}s" if step.mirror.duration is not None else "until promote"
+        what = f"mirror {step.mirror.percent}% of {', '.join(step.mirror.methods)} {how_long}"
     elif step.pause is not None and step.pause.duration is not None:
         what = f"pause {step.pause.duration:g}s"
     else:
         what = "pause until promote"
     return f"step {state.step + 1}/{total}: {what}"
+
+
+def mirror(spec: CanarySpec, state: CanaryState) -> MirrorSpec | None:
+    """The shadow step the canary is in (its copies go on until the step ends), or None."""
+    return spec.steps[state.step].mirror if state.step < len(spec.steps) else None
+
+
+def _wait_of(step: CanaryStepSpec) -> float | None:
+    """How long a waiting step (a pause or a mirror) lasts; None: until `promote`."""
+    if step.mirror is not None:
+        return step.mirror.duration
+    return step.pause.duration if step.pause is not None else None
 
 
 def header_route(spec: CanarySpec, state: CanaryState) -> HeaderMatch | None:
@@ -73,10 +88,11 @@ def pause_remaining(spec: CanarySpec, state: CanaryState, now: float) -> float |
     """Seconds left in the current timed pause (None: not in one)."""
     if state.step >= len(spec.steps):
         return None
-    pause = spec.steps[state.step].pause
-    if pause is None or pause.duration is None:
+    step = spec.steps[state.step]
+    wait = _wait_of(step)
+    if (step.pause is None and step.mirror is None) or wait is None:
         return None
-    return max(0.0, state.step_started_at + pause.duration - now)
+    return max(0.0, state.step_started_at + wait - now)
 
 
 def advance(
@@ -121,8 +137,8 @@ def _analyse(
 ) -> None:
     analysis = spec.analysis
     state = decision.state
-    if analysis is None or state.weight <= 0 or counters is None:
-        return
+    if analysis is None or counters is None or (state.weight <= 0 and mirror(spec, state) is None):
+        return  # nothing to judge: no answers of the canary (neither traffic nor copies)
     if state.interval_started_at is None:
         # The first look with traffic on the canary: the interval starts here.
         decision.state = state.with_changes(interval_started_at=now, baseline=_pick(counters, canary, stable))
@@ -200,13 +216,13 @@ def _step(spec: CanarySpec, decision: CanaryDecision, commands: CanaryCommands, 
             decision.events.append(("CanaryHeaderRoute", message, False))
             moved = True
             continue
-        pause = step.pause
+        wait = _wait_of(step)  # a pause, or a mirror step: both wait for their duration or promote
         promoted = commands.promote_requests > state.promotes_seen
         elapsed = now - state.step_started_at
-        timed_out = pause is not None and pause.duration is not None and elapsed >= pause.duration
+        timed_out = wait is not None and elapsed >= wait
         if not (promoted or timed_out):
             return
-        why = "`promote`" if promoted else f"pause of {elapsed:.0f}s over"
+        why = "`promote`" if promoted else f"{'mirror' if step.mirror else 'pause'} of {elapsed:.0f}s over"
         decision.state = state.with_changes(
             step=state.step + 1, step_started_at=now, promotes_seen=commands.promote_requests
         )

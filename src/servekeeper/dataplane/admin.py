@@ -35,6 +35,8 @@ class ProcessConfig:
     route_weights: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # name -> cluster -> weight
     # route config name -> (its header route, the cluster it sends to); routes without one are absent
     route_headers: Mapping[str, tuple[HeaderMatch, str]] = field(default_factory=dict)
+    # route config name -> (mirror cluster, percent, methods copied); routes without one are absent
+    route_mirrors: Mapping[str, tuple[str, int, tuple[str, ...]]] = field(default_factory=dict)
 
 
 def parse_config_dump(dump: Mapping[str, Any]) -> ProcessConfig:
@@ -60,15 +62,17 @@ def parse_config_dump(dump: Mapping[str, Any]) -> ProcessConfig:
                 if "error_state" in x
             }
         elif kind == "RoutesConfigDump":
-            versions, weights, headers = {}, {}, {}
+            versions, weights, headers, mirrors = {}, {}, {}, {}
             for dynamic in config.get("dynamic_route_configs", []):
                 route_config = dynamic["route_config"]
-                versions[route_config["name"]] = dynamic.get("version_info", "")
-                weights[route_config["name"]] = _weights(route_config)
-                header = _header_route(route_config)
-                if header is not None:
-                    headers[route_config["name"]] = header
-            parsed["route_versions"], parsed["route_weights"], parsed["route_headers"] = versions, weights, headers
+                name = route_config["name"]
+                versions[name] = dynamic.get("version_info", "")
+                weights[name] = _weights(route_config)
+                if (header := _header_route(route_config)) is not None:
+                    headers[name] = header
+                if (mirror := _mirror(route_config)) is not None:
+                    mirrors[name] = mirror
+            parsed.update(route_versions=versions, route_weights=weights, route_headers=headers, route_mirrors=mirrors)
     return ProcessConfig(**parsed)
 
 
@@ -93,6 +97,26 @@ def _header_route(route_config: Mapping[str, Any]) -> tuple[HeaderMatch, str] | 
             regex = string_match.get("safe_regex", {}).get("regex")
             value = regex if regex is not None else string_match.get("exact", "")
             return HeaderMatch(headers[0].get("name", ""), value, regex=regex is not None), cluster
+    return None
+
+
+def _mirror(route_config: Mapping[str, Any]) -> tuple[str, int, tuple[str, ...]] | None:
+    """The route that copies requests (the one servekeeper writes): cluster, percent, methods."""
+    for host in route_config.get("virtual_hosts", []):
+        for route in host.get("routes", []):
+            policies = route.get("route", {}).get("request_mirror_policies", [])
+            if not policies:
+                continue
+            fraction = policies[0].get("runtime_fraction", {}).get("default_value", {})
+            methods = next(
+                (
+                    h["string_match"]["safe_regex"]["regex"]
+                    for h in route["match"].get("headers", [])
+                    if h.get("name") == ":method"
+                ),
+                "",
+            )
+            return policies[0].get("cluster", ""), int(fraction.get("numerator", 0)), tuple(methods.split("|"))
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from typing import Any
 
 from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.observation import IngressRouteObservation
-from servekeeper.model.routing import HeaderMatch
+from servekeeper.model.routing import HeaderMatch, Mirror
 
 # Names end up inside Envoy cluster names and stat names ("cluster.<name>.upstream_rq_active"):
 # a dot or colon there would make the stat names ambiguous, so only a safe alphabet is accepted.
@@ -63,6 +64,7 @@ class ServiceRoute:
     # Requests matching `header_route` go to `header_backend` (HTTP), whatever the weights.
     header_route: HeaderMatch | None = None
     header_backend: str | None = None
+    mirror: Mirror | None = None  # a share of the HTTP requests copied to one backend, answers dropped
 
     def __post_init__(self) -> None:
         check_name("service", self.service)
@@ -86,6 +88,8 @@ class ServiceRoute:
             self.header_backend is not None and self.header_backend not in names
         ):
             raise DataPlaneError(f"service {self.service}: a header route needs one of the backends {names}")
+        if self.mirror is not None and (self.mirror.backend not in names or not 0 < self.mirror.percent <= 100):
+            raise DataPlaneError(f"service {self.service}: a mirror needs one of the backends {names} and 1-100%")
         if self.max_request_bytes <= 0 or self.request_timeout_s < 0 or self.idle_timeout_s < 0:
             raise DataPlaneError(f"service {self.service}: limits must be positive")
 
@@ -119,6 +123,7 @@ class RouteObservation:
     failover: bool = False  # a standby stands behind the route's backends
     header_route: HeaderMatch | None = None  # its requests go to `header_backend`
     header_backend: str | None = None
+    mirror: Mirror | None = None
 
     @property
     def backends(self) -> frozenset[str]:
@@ -139,6 +144,7 @@ class RouteObservation:
             failover=self.failover,
             header_route=self.header_route,
             header_backend=self.header_backend,
+            mirror=self.mirror,
         )
 
 
@@ -180,6 +186,7 @@ def route_to_json(route: ServiceRoute) -> dict[str, Any]:
             }
         ),
         "header_backend": route.header_backend,
+        "mirror": dataclasses.asdict(route.mirror) if route.mirror is not None else None,
         "backends": [
             {
                 "name": b.name,
@@ -216,6 +223,13 @@ def route_from_json(data: Mapping[str, Any]) -> ServiceRoute:
             standby=data.get("standby"),  # routes stored before standbys existed have none
             header_route=HeaderMatch(**header) if (header := data.get("header_route")) else None,
             header_backend=data.get("header_backend"),
+            mirror=_mirror_from_json(data.get("mirror")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DataPlaneError(f"unreadable stored route: {exc!r}") from exc
+
+
+def _mirror_from_json(data: Mapping[str, Any] | None) -> Mirror | None:
+    if not data:
+        return None
+    return Mirror(data["backend"], int(data["percent"]), tuple(data["methods"]))

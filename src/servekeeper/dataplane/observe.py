@@ -7,12 +7,13 @@ from collections.abc import Collection, Sequence
 from servekeeper.dataplane.admin import ClusterCounters, ProcessConfig, inflight
 from servekeeper.dataplane.model import BackendStats, RouteObservation
 from servekeeper.dataplane.names import FAILOVER, HTTP, backend_of
-from servekeeper.model.routing import HeaderMatch
+from servekeeper.model.routing import HeaderMatch, Mirror
 
 
 def observe_routes(answers: Sequence[tuple[ProcessConfig, dict[str, ClusterCounters]]]) -> dict[str, RouteObservation]:
     per_process_weights: list[dict[str, dict[str, int]]] = []
     per_process_headers: list[dict[str, tuple[HeaderMatch, str]]] = []  # service -> (match, backend)
+    per_process_mirrors: list[dict[str, Mirror]] = []
     busy: dict[str, int] = {}
     failing_over: set[str] = set()  # services whose route (in some process) has a standby behind it
     for config, stats in answers:
@@ -32,6 +33,13 @@ def observe_routes(answers: Sequence[tuple[ProcessConfig, dict[str, ClusterCount
             if protocol == HTTP and owner is not None:
                 headers[service] = (match, owner[1])
         per_process_headers.append(headers)
+        mirrors: dict[str, Mirror] = {}
+        for name, (cluster, percent, methods) in config.route_mirrors.items():
+            protocol, _, service = name.partition("-")
+            owner = backend_of(cluster)
+            if protocol == HTTP and owner is not None:
+                mirrors[service] = Mirror(owner[1], percent, methods)
+        per_process_mirrors.append(mirrors)
         for backend, counters in stats.items():
             busy[backend] = busy.get(backend, 0) + inflight(counters)
     observed: dict[str, RouteObservation] = {}
@@ -43,14 +51,18 @@ def observe_routes(answers: Sequence[tuple[ProcessConfig, dict[str, ClusterCount
                 merged[backend] = max(merged.get(backend, 0), weight)
         header_seen = [headers.get(service) for headers in per_process_headers]
         header = header_seen[0]
+        mirror_seen = [mirrors.get(service) for mirrors in per_process_mirrors]
         observed[service] = RouteObservation(
             service=service,
             weights=merged,
-            in_sync=all(one == seen[0] for one in seen) and all(one == header for one in header_seen),
+            in_sync=all(one == seen[0] for one in seen)
+            and all(one == header for one in header_seen)
+            and all(one == mirror_seen[0] for one in mirror_seen),
             inflight={backend: busy.get(backend, 0) for backend in merged},
             failover=service in failing_over,
             header_route=header[0] if header is not None else None,
             header_backend=header[1] if header is not None else None,
+            mirror=mirror_seen[0],
         )
     return observed
 

@@ -43,7 +43,7 @@ from servekeeper.dataplane.names import (
     listener_name,
     route_file,
 )
-from servekeeper.model.routing import HeaderMatch
+from servekeeper.model.routing import HeaderMatch, Mirror
 
 
 def _route_config(name: str, service: str, *entries: Resource) -> Resource:
@@ -108,11 +108,28 @@ def render_route_config(protocol: str, route: ServiceRoute) -> Resource:
     ]
     failover = protocol == HTTP and route.standby is not None
     entries = [_forward({"weighted_clusters": {"clusters": weighted}}, route, failover)]
+    if protocol == HTTP and route.mirror is not None:
+        # The same weights for the copied methods, plus the copy; the other methods skip it.
+        copied = _forward({"weighted_clusters": {"clusters": weighted}}, route, failover)
+        copied["match"]["headers"] = [method_matcher(route.mirror.methods)]
+        copied["route"]["request_mirror_policies"] = [mirror_policy(route.mirror)]
+        entries.insert(0, copied)
     if protocol == HTTP and route.header_route is not None and route.header_backend is not None:
         pinned = _forward({"cluster": cluster_name(HTTP, route.header_backend)}, route)
         pinned["match"]["headers"] = [header_matcher(route.header_route)]
         entries.insert(0, pinned)  # Envoy takes the first route that matches
     return _route_config(listener_name(protocol, route.service), route.service, *entries)
+
+
+def method_matcher(methods: tuple[str, ...]) -> Resource:
+    return {"name": ":method", "string_match": {"safe_regex": {"regex": "|".join(methods)}}}
+
+
+def mirror_policy(mirror: Mirror) -> Resource:
+    """Envoy's shadow: the copy goes out beside the request, its answer is dropped (and counted
+    in the canary's cluster stats, which its analysis reads)."""
+    fraction = {"numerator": mirror.percent, "denominator": "HUNDRED"}
+    return {"cluster": cluster_name(HTTP, mirror.backend), "runtime_fraction": {"default_value": fraction}}
 
 
 def header_matcher(match: HeaderMatch) -> Resource:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -62,17 +62,39 @@ class HeaderRouteSpec(StrictModel):
         return HeaderMatch(self.header.lower(), self.value)
 
 
+HttpMethod = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def _reads() -> list[HttpMethod]:
+    return ["GET", "HEAD"]
+
+
+class MirrorSpec(StrictModel):
+    """A shadow step: `percent` of the requests to the stable cluster are also sent to the canary
+    for `duration` (or until `promote`); clients get the stable answer only, and analysis judges
+    the canary on its answers to the copies. Only `methods` are copied: GET and HEAD unless told,
+    since copying a write makes the canary do it too (the user's explicit choice)."""
+
+    percent: int = Field(ge=1, le=100)
+    duration: Duration | None = None  # None: until `servekeeper promote`
+    methods: list[HttpMethod] = Field(default_factory=_reads, min_length=1)
+
+
 class CanaryStepSpec(StrictModel):
-    """One step, exactly one of: move the canary's weight, pause, or turn a header route on."""
+    """One step, exactly one of: move the canary's weight, pause, turn a header route on, or
+    copy traffic to the canary (a shadow step)."""
 
     setWeight: int | None = Field(default=None, ge=0, le=100)
     pause: PauseSpec | None = None
     setHeaderRoute: HeaderRouteSpec | None = None
+    mirror: MirrorSpec | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> CanaryStepSpec:
-        if [self.setWeight, self.pause, self.setHeaderRoute].count(None) != 2:
-            raise ValueError("a step is one of {setWeight: N}, {pause: {...}} or {setHeaderRoute: {...}}")
+        if [self.setWeight, self.pause, self.setHeaderRoute, self.mirror].count(None) != 3:
+            raise ValueError(
+                "a step is one of {setWeight: N}, {pause: {...}}, {setHeaderRoute: {...}} or {mirror: {...}}"
+            )
         return self
 
 

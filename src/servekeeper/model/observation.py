@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servekeeper.model.enums import AppSource, AppStatus
-from servekeeper.model.routing import HeaderMatch
+from servekeeper.model.routing import HeaderMatch, Mirror
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,7 @@ class IngressRouteObservation:
     failover: bool = False  # a standby stands behind the backends (listed in upstreams at weight 0)
     header_route: HeaderMatch | None = None  # requests matching it go to `header_backend`
     header_backend: str | None = None
+    mirror: Mirror | None = None  # requests copied to a canary (a shadow step)
 
     def weight_of(self, name: str) -> int:
         if self.weights:

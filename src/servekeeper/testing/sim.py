@@ -104,8 +104,11 @@ class SimWorld:
         fails its `error_rate` share with a 5xx and answers in `latency_ms` (default 5 ms)."""
         if self.route is None or self.counters is None:
             return
+        mirror = self.route.mirror
         for name in self.route.upstreams:
             share = round(requests * self.route.weight_of(name) / 100)
+            if mirror is not None and mirror.backend == name:
+                share += round(requests * mirror.percent / 100)  # the copies (every request's method copied)
             if share <= 0:
                 continue
             before = self.counters.get(name, BackendCounters())
@@ -267,6 +270,7 @@ class SimWorld:
                 failover=action.standby is not None,
                 header_route=action.header_route,
                 header_backend=action.header_backend,
+                mirror=action.mirror,
             )
         elif isinstance(action, act.RemoveRoute):
             self.route = None

@@ -138,6 +138,8 @@ def canary_view(service: ServiceRecord, state: CanaryState, now: float | None) -
         view["pauseRemainingSeconds"] = canary_steps.pause_remaining(strategy, state, now) if now is not None else None
         header = canary_steps.header_route(strategy, state)
         view["headerRoute"] = header.describe() if header is not None else None
+        mirror = canary_steps.mirror(strategy, state)
+        view["mirror"] = f"{mirror.percent}% of {', '.join(mirror.methods)} copied" if mirror is not None else None
     return view
 
 

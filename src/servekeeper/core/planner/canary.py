@@ -128,7 +128,8 @@ def _carry_out(
     strategy = ctx.spec.spec.upgradeStrategy.canary
     assert strategy is not None  # a canary's tick runs only under a canary strategy
     header_moved = canary_steps.header_route(strategy, decision.state) != canary_steps.header_route(strategy, state)
-    moved = decision.state.weight != state.weight or header_moved or starting
+    mirror_moved = canary_steps.mirror(strategy, decision.state) != canary_steps.mirror(strategy, state)
+    moved = decision.state.weight != state.weight or header_moved or mirror_moved or starting
     if route_action is not None and (moved or ctx.observation.route is None):
         ctx.do(route_action)  # the ingress first, then the step is recorded
     if decision.state != state or starting:

@@ -8,7 +8,7 @@ from servekeeper.core.actions import ForgetService, RemoveRoute, SetRoute, Updat
 from servekeeper.core.planner.context import PlanContext
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord
-from servekeeper.model.routing import HeaderMatch
+from servekeeper.model.routing import HeaderMatch, Mirror
 
 # An old cluster is kept at least this long after the switch: requests already on their way
 # to it (accepted by the ingress a moment before the switch) must reach it.
@@ -28,8 +28,9 @@ def desired_route(ctx: PlanContext) -> SetRoute | None:
     if pending is not None and ctx.spec.spec.ingress.previewPort is not None and pending.head_pid is not None:
         preview = pending.name
     header = header_route(ctx, pending)
+    copies = mirror(ctx, pending)
     upstreams = [active.name]
-    if pending is not None and (canary_weight > 0 or preview is not None or header is not None):
+    if pending is not None and (canary_weight > 0 or preview is not None or header is not None or copies):
         upstreams.append(pending.name)
     upstreams += [c.name for c in ctx.clusters_with_role(ClusterRole.DRAINING)]
     standby = ready_standby(ctx, active)
@@ -44,7 +45,17 @@ def desired_route(ctx: PlanContext) -> SetRoute | None:
         standby=standby.name if standby is not None else None,
         header_route=header,
         header_backend=pending.name if pending is not None and header is not None else None,
+        mirror=copies,
     )
+
+
+def mirror(ctx: PlanContext, pending: ClusterRecord | None) -> Mirror | None:
+    """The copies a running canary's shadow step asks for (none before it is ready, or after)."""
+    strategy = ctx.spec.spec.upgradeStrategy.canary
+    if pending is None or pending.canary is None or strategy is None or pending.failure_reason:
+        return None
+    step = canary_steps.mirror(strategy, pending.canary)
+    return Mirror(pending.name, step.percent, tuple(step.methods)) if step is not None else None
 
 
 def header_route(ctx: PlanContext, pending: ClusterRecord | None) -> HeaderMatch | None:
@@ -88,6 +99,7 @@ def maintain_route(ctx: PlanContext) -> None:
         or route.failover != (wanted.standby is not None)
         or route.header_route != wanted.header_route
         or route.header_backend != wanted.header_backend
+        or route.mirror != wanted.mirror
     )
     if differs and not ctx.planned(SetRoute):
         ctx.do(wanted)
