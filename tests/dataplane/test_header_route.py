@@ -69,6 +69,8 @@ async def test_envoy_sends_the_header_to_the_canary_at_weight_0_and_the_rest_by_
             header_backend="canary",
         )
     )
+    observed = (await plane.routes())["svc"]
+    assert observed.header_route == HeaderMatch("x-tester", "qa-[0-9]+", regex=True) and observed.in_sync
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
         plain = [(await http.get("/")).text for _ in range(200)]
         pinned = [(await http.get("/", headers={"x-tester": "qa-42"})).text for _ in range(20)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import httpx
 
 from servekeeper.dataplane import Backend, Endpoint
@@ -20,7 +21,10 @@ A, B = Backend("a", (Endpoint("127.0.0.1", 20001),)), Backend("b", (Endpoint("12
 def test_the_copied_methods_get_the_weights_and_a_mirror_policy_the_others_only_the_weights() -> None:
     shadowed = route("svc", 8000, [A, B], {"a": 100, "b": 0}, mirror=Mirror("b", 25))
     copied, plain = render_route_configs([shadowed])["http-svc"]["virtual_hosts"][0]["routes"]
-    assert copied["match"]["headers"] == [{"name": ":method", "string_match": {"safe_regex": {"regex": "GET|HEAD"}}}]
+    assert copied["match"]["headers"] == [
+        {"name": ":method", "string_match": {"safe_regex": {"regex": "GET|HEAD"}}},
+        {"name": "upgrade", "present_match": True, "invert_match": True},
+    ]
     assert copied["route"]["request_mirror_policies"] == [
         {"cluster": "http-b", "runtime_fraction": {"default_value": {"numerator": 25, "denominator": "HUNDRED"}}}
     ]
@@ -55,6 +59,15 @@ async def test_envoy_copies_gets_to_the_canary_and_the_clients_see_only_the_stab
             break
         await asyncio.sleep(0.1)
     assert stats.rq_total == copies_of_gets
+
+    # A WebSocket is never copied: the copy would stay open on the canary, frames and all.
+    copies_before = (await plane.backend_stats())["canary"].rq_total
+    async with aiohttp.ClientSession() as session, session.ws_connect(f"http://127.0.0.1:{port}/ws") as socket:
+        await socket.send_str("write")
+        answer = await socket.receive_json(timeout=5)
+    assert answer["backend"] == "stable"
+    await asyncio.sleep(1.5)  # the stats flush each second
+    assert (await plane.backend_stats())["canary"].rq_total == copies_before, "the upgrade was copied"
 
     await plane.set_route(route("svc", port, backends, {"stable": 100, "canary": 0}))
     assert (await plane.routes())["svc"].mirror is None

@@ -534,7 +534,7 @@ def test_a_header_route_is_one_of_value_or_regex_on_a_valid_header_name() -> Non
     assert "either {value: ...} or {regex: ...}" in problems({"header": "x-canary"})
     assert "either {value: ...} or {regex: ...}" in problems({"header": "x-canary", "value": "a", "regex": "a"})
     assert "headerRoute.header" in problems({"header": ":path", "value": "/"})
-    assert "does not compile" in problems({"header": "x-canary", "regex": "(unclosed"})
+    assert "is not RE2" in problems({"header": "x-canary", "regex": "(unclosed"})
     with pytest.raises(SpecError) as caught:
         canary_spec(steps=[{"setWeight": 10, "setHeaderRoute": {"header": "x-canary", "value": "1"}}])
     assert "{setHeaderRoute: {...}} or {mirror: {...}}" in "\n".join(caught.value.problems)
@@ -686,3 +686,31 @@ def test_the_canary_view_shows_the_header_route_and_the_shadow_step() -> None:
     assert view.get("headerRoute") == "x-canary: always"
     assert view.get("mirror") == "40% of GET, HEAD copied"
     assert view.get("stepDescription") == "step 1/2: mirror 40% of GET, HEAD until promote"
+
+
+def test_header_routes_and_mirrors_are_refused_where_envoy_or_http_could_not_follow() -> None:
+    def problems(canary: dict[str, Any]) -> str:
+        with pytest.raises(SpecError) as caught:
+            make_spec(upgradeStrategy={"type": "Canary", "canary": canary})
+        return "\n".join(caught.value.problems)
+
+    steps = [{"setWeight": 10}]
+    assert "is not RE2" in problems({"steps": steps, "headerRoute": {"header": "x-a", "regex": "(?=a)b"}})
+    assert "is not RE2" in problems({"steps": steps, "headerRoute": {"header": "x-a", "regex": "(a)\\1"}})
+    too_big = {"header": "x-a", "regex": "[a-z]{1,60}"}  # an RE2 program of 123 instructions
+    assert "over Envoy's limit 100" in problems({"steps": steps, "headerRoute": too_big})
+    assert "cannot be matched" in problems({"steps": steps, "headerRoute": {"header": "Host", "value": "a"}})
+    assert "spaces at its ends" in problems({"steps": steps, "headerRoute": {"header": "x-a", "value": " a"}})
+    shadow = [{"mirror": {"percent": 100, "duration": "5s"}}, {"setWeight": 10}]
+    analysis = {"interval": "10s", "successRate": {"min": 0.99}}
+    assert "ends before one analysis interval" in problems({"steps": shadow, "analysis": analysis})
+
+
+def test_a_mirror_step_needs_replicas_for_its_copies_when_capacity_follows_traffic() -> None:
+    steps = [{"mirror": {"percent": 50, "duration": "10s"}}, {"setWeight": 25}, {"pause": {}}]
+    strategy = {"type": "Canary", "canary": {"steps": steps, "capacityFollowsTraffic": True}}
+    world = ready_world(make_spec(upgradeStrategy=strategy))
+    _, canary = mirror_started(world, make_spec(msg="v2", upgradeStrategy=strategy))
+    assert pending_of(world).target_capacity == 50.0, "born at the copies' share, not at weight 0"
+    world.run_for(15)
+    assert weights(world)[canary.name] == 25 and pending_of(world).target_capacity == 50.0

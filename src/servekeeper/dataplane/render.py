@@ -111,7 +111,9 @@ def render_route_config(protocol: str, route: ServiceRoute) -> Resource:
     if protocol == HTTP and route.mirror is not None:
         # The same weights for the copied methods, plus the copy; the other methods skip it.
         copied = _forward({"weighted_clusters": {"clusters": weighted}}, route, failover)
-        copied["match"]["headers"] = [method_matcher(route.mirror.methods)]
+        # Not an upgrade: a WebSocket's copy would stay open on the canary, copying every frame.
+        no_upgrade = {"name": "upgrade", "present_match": True, "invert_match": True}
+        copied["match"]["headers"] = [method_matcher(route.mirror.methods), no_upgrade]
         copied["route"]["request_mirror_policies"] = [mirror_policy(route.mirror)]
         entries.insert(0, copied)
     if protocol == HTTP and route.header_route is not None and route.header_backend is not None:

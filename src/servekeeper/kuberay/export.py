@@ -284,8 +284,8 @@ def _incremental(body: ServiceSpecBody) -> tuple[int, float] | None:
     canary = body.upgradeStrategy.canary
     if canary is None or canary.analysis is not None or canary.headerRoute is not None:
         return None
-    if not canary.capacityFollowsTraffic:
-        return None
+    if not canary.capacityFollowsTraffic or any(step.mirror or step.setHeaderRoute for step in canary.steps):
+        return None  # KubeRay's incremental upgrade has no header route or shadow traffic
     weights = [step.setWeight for step in canary.steps[0::2]]
     pauses = [step.pause.duration if step.pause else None for step in canary.steps[1::2]]
     if not weights or weights[0] is None or len(weights) != len(pauses):

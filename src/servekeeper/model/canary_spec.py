@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+import re2
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from servekeeper.model.base import StrictModel
 from servekeeper.model.routing import HeaderMatch
@@ -35,6 +36,28 @@ class PauseSpec(StrictModel):
 _HEADER_NAME = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$"
 
 
+# Envoy refuses an RE2 program larger than this (its runtime's re2.max_program_size.error_level).
+RE2_MAX_PROGRAM_SIZE = 100
+# Names a request never carries as such towards a route match: HTTP/2 turns `host` into
+# `:authority`, and the hop-by-hop ones are consumed by the proxy.
+_UNMATCHABLE_HEADERS = {"host", "connection", "upgrade", "te", "transfer-encoding", "keep-alive", "proxy-connection"}
+
+
+def re2_problem(pattern: str) -> str | None:
+    """Why Envoy (RE2) would refuse `pattern`, or None. Python's re accepts what RE2 does not
+    (lookarounds, backreferences), and a pattern may compile to a program Envoy finds too large."""
+    options = re2.Options()
+    options.log_errors = False  # the message goes to the user, not to stderr
+    try:
+        size = re2.compile(pattern, options).programsize
+    except re2.error as exc:
+        detail = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        return f"regex {pattern!r} is not RE2 (Envoy's regex engine): {detail}"
+    if size > RE2_MAX_PROGRAM_SIZE:
+        return f"regex {pattern!r} compiles to an RE2 program of size {size}, over Envoy's limit {RE2_MAX_PROGRAM_SIZE}"
+    return None
+
+
 class HeaderRouteSpec(StrictModel):
     """Requests with this header go to the canary while one runs, whatever its weight (testers
     and internal traffic pinned to the new version). Exactly one of `value` (an exact match) and
@@ -49,11 +72,19 @@ class HeaderRouteSpec(StrictModel):
         if (self.value is None) == (self.regex is None):
             raise ValueError("a header route matches either {value: ...} or {regex: ...}")
         if self.regex is not None:
-            try:
-                re.compile(self.regex)  # RE2 is stricter still; Envoy refuses what it cannot run
-            except re.error as exc:
-                raise ValueError(f"regex {self.regex!r} does not compile: {exc}") from exc
+            problem = re2_problem(self.regex)
+            if problem is not None:
+                raise ValueError(problem)
+        if self.value is not None and self.value != self.value.strip():
+            raise ValueError("value has spaces at its ends: HTTP drops them, so no request would match")
         return self
+
+    @field_validator("header")
+    @classmethod
+    def _matchable(cls, header: str) -> str:
+        if header.lower() in _UNMATCHABLE_HEADERS:
+            raise ValueError(f"{header!r} cannot be matched: the proxy rewrites or consumes it")
+        return header
 
     def match(self) -> HeaderMatch:
         if self.regex is not None:
@@ -133,4 +164,10 @@ class CanarySpec(StrictModel):
         for index, step in enumerate(self.steps):
             if step.setWeight == 100 and index != len(self.steps) - 1:
                 raise ValueError(f"steps[{index}]: setWeight 100 promotes the canary; it can only be the last step")
+            mirror = step.mirror
+            if self.analysis and mirror and mirror.duration is not None and mirror.duration < self.analysis.interval:
+                raise ValueError(
+                    f"steps[{index}]: a mirror of {mirror.duration:g}s ends before one analysis interval "
+                    f"({self.analysis.interval:g}s): its copies would never be judged"
+                )
         return self

@@ -69,7 +69,7 @@ class CanaryView(TypedDict):
     stepDescription: NotRequired[str]  # "step 2/4: pause 30s"
     pauseRemainingSeconds: NotRequired[float | None]  # None: not in a timed pause
     headerRoute: NotRequired[str | None]  # "x-canary: always": its requests go to the canary, whatever the weight
-    mirror: NotRequired[str | None]  # "100% of GET, HEAD copied to NAME" during a shadow step
+    mirror: NotRequired[str | None]  # "100% of GET, HEAD copied" during a shadow step
 
 
 class ClusterView(TypedDict):

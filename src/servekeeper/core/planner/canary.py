@@ -35,10 +35,11 @@ def capacity_follows_traffic(ctx: PlanContext) -> bool:
 
 
 def first_canary_capacity(ctx: PlanContext) -> float:
-    """The first step's weight: the share of replicas a canary is born with."""
+    """The first step's share (a weight, or a mirror's copies): the replicas a canary is born with."""
     strategy = ctx.spec.spec.upgradeStrategy.canary
-    weights = [step.setWeight for step in strategy.steps if step.setWeight] if strategy else []
-    return float(weights[0]) if weights else 100.0
+    steps = strategy.steps if strategy else []
+    shares = [share for step in steps if (share := step.setWeight or (step.mirror.percent if step.mirror else 0))]
+    return float(shares[0]) if shares else 100.0
 
 
 def canary_tick(ctx: PlanContext, pending: ClusterRecord, active: ClusterRecord) -> None:
@@ -88,7 +89,9 @@ def _decide(
     decision = decide(hold)
     why_held = f"not ready ({not_ready.reason}: {not_ready.message})" if not_ready is not None else ""
     if decision.outcome != canary_steps.ABORT and pending.target_capacity is not None and not hold:
-        wanted = 100.0 if decision.outcome == canary_steps.PROMOTE else float(decision.state.weight)
+        copies = canary_steps.mirror(strategy, decision.state)  # copies need replicas like traffic does
+        share = max(decision.state.weight, copies.percent if copies is not None else 0)
+        wanted = 100.0 if decision.outcome == canary_steps.PROMOTE else float(share)
         if wanted > pending.target_capacity or not ctx.settled_at(pending, pending.target_capacity):
             # Capacity before traffic: the step waits until the canary's replicas run there.
             scale(ctx, pending, max(wanted, pending.target_capacity))
