@@ -123,3 +123,11 @@ def test_canary_faulty_smoke(tmp_path: Path) -> None:
         assert set(phase["failures_by_kind"]) == {"HTTP 500"}, phase["failures_by_kind"]
         assert sum(method["requests"] for method in phase["by_method"].values()) == phase["requests"]
     assert report["leftover_processes"] == []
+
+
+def test_shadow_latency_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "shadow.json"
+    run_bench("shadow_latency", "--seconds", "1", "--rounds", "1", "--clients", "4", "--out", str(out), timeout=120)
+    summary = json.loads(out.read_text())["summary"]
+    assert all(summary[case]["failures"] == 0 and summary[case]["rps"] > 0 for case in summary)
+    assert summary["mirror-slow"]["p99_ratio"] > 0
