@@ -41,8 +41,8 @@ def give_back(ctx: PlanContext, pending: ClusterRecord) -> bool:
     ran_the_actives = pending.good_config_hash == active.good_config_hash
     if not ran_the_actives or pending.cluster_spec_hash != active.cluster_spec_hash or pending.canary is not None:
         return False
-    if not ctx.observed(pending).processes_alive:
-        return False
+    if not ctx.observed(pending).processes_alive or ctx.newest(ClusterRole.STANDBY) is not None:
+        return False  # dead; or a standby is being built already (never two)
     changes = {
         "role": ClusterRole.STANDBY,
         "created_at": ctx.now,
