@@ -18,6 +18,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,24 @@ def one_round(sk: Servekeeper, mode: str, clients: int, settle: float) -> dict[s
     }
 
 
+def alternate_on_one_daemon(
+    rounds: int, modes: Sequence[str], one: Callable[[Servekeeper, str], dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """`rounds` rounds of every mode in turn on one daemon, each printed as it ends; then the
+    daemon is stopped: (the rounds, the processes it left behind)."""
+    results: list[dict[str, Any]] = []
+    sk = Servekeeper(Path(tempfile.mkdtemp(prefix="skstate-")), Path(tempfile.mkdtemp(prefix="skbench-")))
+    sk.up()
+    try:
+        for _ in range(rounds):
+            for mode in modes:
+                results.append(one(sk, mode))
+                print(json.dumps(results[-1]), flush=True)
+    finally:
+        leftovers = sk.down_and_check_nothing_left()
+    return results, leftovers
+
+
 def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("failed", "longest_without_answer_s", "ready_again_s", "standby_rss_mb", "active_rss_mb")
     return {
@@ -119,16 +138,9 @@ def main() -> None:
     exit_cleanly_on_sigterm()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    rounds: list[dict[str, Any]] = []
-    sk = Servekeeper(Path(tempfile.mkdtemp(prefix="skstate-")), Path(tempfile.mkdtemp(prefix="skbench-")))
-    sk.up()
-    try:
-        for _ in range(args.rounds):
-            for mode in args.modes:
-                rounds.append(one_round(sk, mode, args.clients, args.settle))
-                print(json.dumps(rounds[-1]), flush=True)
-    finally:
-        leftovers = sk.down_and_check_nothing_left()
+    rounds, leftovers = alternate_on_one_daemon(
+        args.rounds, args.modes, lambda sk, mode: one_round(sk, mode, args.clients, args.settle)
+    )
     report = {
         "benchmark": "standby_failover",
         "started": started,

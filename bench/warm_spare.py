@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.loadgen import exit_cleanly_on_sigterm
-from bench.standby_failover import cluster_rss_mb
+from bench.standby_failover import alternate_on_one_daemon, cluster_rss_mb
 from bench.zero_downtime import RESULTS
 from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
 from servekeeper.testing.load import Load
@@ -92,16 +91,9 @@ def main() -> None:
     exit_cleanly_on_sigterm()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    rounds: list[dict[str, Any]] = []
-    sk = Servekeeper(Path(tempfile.mkdtemp(prefix="skstate-")), Path(tempfile.mkdtemp(prefix="skbench-")))
-    sk.up()
-    try:
-        for _ in range(args.rounds):
-            for mode in MODES:
-                rounds.append(one_round(sk, mode, args.clients, args.ready_delay))
-                print(json.dumps(rounds[-1]), flush=True)
-    finally:
-        leftovers = sk.down_and_check_nothing_left()
+    rounds, leftovers = alternate_on_one_daemon(
+        args.rounds, MODES, lambda sk, mode: one_round(sk, mode, args.clients, args.ready_delay)
+    )
     means = {
         mode: round(statistics.mean(r["apply_to_switch_s"] for r in rounds if r["mode"] == mode), 2) for mode in MODES
     }

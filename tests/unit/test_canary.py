@@ -3,6 +3,7 @@ analysis from the ingress's counters, abort, rollback window, preview."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -45,16 +46,23 @@ def ready_world(spec: ServiceSpec) -> SimWorld:
     return world
 
 
-def canary_started(world: SimWorld, spec: ServiceSpec) -> tuple[ClusterRecord, ClusterRecord]:
-    """Apply `spec` and tick until its cluster is ready and carries its first weight."""
+def canary_started(
+    world: SimWorld, spec: ServiceSpec, until: Callable[[], bool] | None = None
+) -> tuple[ClusterRecord, ClusterRecord]:
+    """Apply `spec` and tick until its cluster is ready and carries its first weight (or `until`)."""
     stable = world.with_role(ClusterRole.ACTIVE)[0]
     world.apply(spec)
+
+    def carries_weight() -> bool:
+        pending = world.with_role(ClusterRole.PENDING)
+        return bool(pending) and pending[0].canary is not None and pending[0].canary.weight > 0
+
+    started = until or carries_weight
     for _ in range(60):
         world.tick()
         world.advance(0.5)
-        pending = world.with_role(ClusterRole.PENDING)
-        if pending and pending[0].canary is not None and pending[0].canary.weight > 0:
-            return stable, pending[0]
+        if started():
+            return stable, pending_of(world)
     raise AssertionError("the canary never started")
 
 
@@ -622,14 +630,8 @@ def test_a_canary_that_starts_with_a_pause_is_recorded_once_and_its_pause_ends()
 
 
 def mirror_started(world: SimWorld, spec: ServiceSpec) -> tuple[ClusterRecord, ClusterRecord]:
-    stable = world.with_role(ClusterRole.ACTIVE)[0]
-    world.apply(spec)
-    for _ in range(60):
-        world.tick()
-        world.advance(0.5)
-        if world.route is not None and world.route.mirror is not None:
-            return stable, pending_of(world)
-    raise AssertionError("the mirror never started")
+    """Apply `spec` and tick until the ingress copies requests to its canary."""
+    return canary_started(world, spec, until=lambda: world.route is not None and world.route.mirror is not None)
 
 
 def test_a_mirror_step_copies_to_the_canary_at_weight_0_then_the_steps_go_on() -> None:
