@@ -206,6 +206,8 @@ def test_preview_requests_count_only_as_in_flight() -> None:
     totals = sum_backend_stats([counters, counters])  # two processes
     assert (totals["b"].rq_total, totals["b"].rq_5xx, totals["b"].latency_ms_buckets) == (20, 2, {5.0: 20})
     assert totals["b"].rq_active == 12  # in flight: the preview port's requests are on the backend too
+    # Answered: the main cluster's requests less its own in flight (4 of the 12), never the preview's.
+    assert (totals["b"].main_active, totals["b"].rq_answered) == (4, 16)
     assert (totals["preview-b"].rq_total, totals["preview-b"].latency_ms_buckets) == (14, {5.0: 14})
 
     weights = {"http-hello": {"http-b": 100, "http-preview-b": 0}}

@@ -122,14 +122,13 @@ def test_a_killed_head_is_started_again_in_place_and_serve_recovers_without_a_pu
         cluster = daemon.api_get(NAME)["activeCluster"]["name"]
         if backend == "users-redis":
             assert own_keys(address, password, cluster), "the GCS tables are in the user's Redis"
-        kill_head_and_check(daemon, cluster, backend, port)
-        if backend == "users-redis":
-            daemon.cli("delete", NAME)
+        try:
+            kill_head_and_check(daemon, cluster, backend, port)
+        finally:  # even after a failure: the next backend starts from no service
+            daemon.cli("delete", NAME, check=False)
             wait_until(lambda: not daemon.clusters(), 120, "the service's clusters stopped")
+        if backend == "users-redis":
             assert own_keys(address, password, cluster) == [], "its namespace went with the cluster"
-    if daemon.clusters():
-        daemon.cli("delete", NAME)
-        wait_until(lambda: not daemon.clusters(), 120, "the service's clusters stopped")
 
 
 def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: int) -> None:
@@ -144,7 +143,7 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
         # either has happened, and the head runs, before the head is killed below.
         time.sleep(10)
         wait_until(lambda: nodes_of(daemon, cluster)[0]["pid"] is not None, 120, "the head running")
-        wait_until(lambda: daemon.condition(NAME, "Ready")["status"] == "True", 120, "Ready with Redis back")
+        wait_ready(daemon, 120, "Ready with Redis back")
         print(
             f"redis-server SIGKILLed: running again after {redis_back_at - redis_killed_at:.1f}s, the service Ready "
             f"after {time.time() - redis_killed_at:.1f}s; head restarts: {nodes_of(daemon, cluster)[0]['restarts']}"
@@ -159,7 +158,7 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
                 os.kill(pid, signal.SIGKILL)
         wait_until(lambda: daemon.events(NAME).count("HeadRestarted") > restarted_before, 120, "the head started again")
         restarted_at = time.time()
-        wait_until(lambda: daemon.condition(NAME, "Ready")["status"] == "True", 120, "Ready again")
+        wait_ready(daemon, 120, "Ready again")
         time.sleep(3)
         result = load.stop()
     oks = [when for when, label in result.timeline if when >= killed_at and not label.startswith(FAILURE_LABELS)]
@@ -194,6 +193,17 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
     # under 1 s. This bound tells the restart in place from a replacement, no more.
     assert longest_gap < 25, f"{longest_gap:.2f}s without an answer"
     assert result.by_method["POST"] > 0
+
+
+def wait_ready(daemon: Servekeeper, timeout: float, what: str) -> None:
+    """Wait for Ready; on a timeout, say why not: the condition, the nodes, the last events."""
+    try:
+        wait_until(lambda: daemon.condition(NAME, "Ready")["status"] == "True", timeout, what)
+    except AssertionError as timed_out:
+        ready = daemon.condition(NAME, "Ready")
+        nodes = [(c["name"], c["role"], c["nodes_json"]) for c in daemon.clusters()]
+        events = daemon.cli("events", NAME, check=False).stdout[-4000:]
+        raise AssertionError(f"{timed_out}: Ready is {ready}; clusters {nodes}; events:\n{events}") from None
 
 
 def kill_servekeepers_redis(daemon: Servekeeper) -> None:
