@@ -626,6 +626,26 @@ def test_a_canary_that_starts_with_a_pause_is_recorded_once_and_its_pause_ends()
     assert weights(world) == {stable.name: 50, canary.name: 50}, "the pause of 5 s ran out"
 
 
+def test_requests_sent_by_the_header_route_are_analysed_at_weight_0() -> None:
+    # Found in review: at weight 0 no interval ran, so a canary that failed every tester's
+    # request went on to take a weight.
+    steps = [{"pause": {}}, {"setWeight": 50}]
+    header = {"header": "x-canary", "value": "always"}
+    world = ready_world(canary_spec_with_header("v1", steps, headerRoute=header, analysis=ANALYSIS))
+    stable, canary = canary_started(
+        world,
+        canary_spec_with_header("v2", steps, headerRoute=header, analysis=ANALYSIS),
+        until=lambda: world.route is not None and world.route.header_route is not None,
+    )
+    started = world.now
+    while world.with_role(ClusterRole.PENDING):
+        run_with_traffic(world, 0.5, with_header=10, error_rate={canary.name: 1.0})
+        assert world.now - started < 10 * (1 + 1) + 5, "aborted within interval x (failureLimit + 1) + 5 s"
+    reason = world.service.failure_reason or ""
+    assert reason.startswith("AnalysisFailed") and "success rate 0.0000" in reason, reason
+    assert world.route is not None and world.route.header_route is None
+
+
 # -- shadow steps (issue 23): a share of the requests copied to the canary, its answers dropped -----
 
 

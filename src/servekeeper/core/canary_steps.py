@@ -137,8 +137,9 @@ def _analyse(
 ) -> None:
     analysis = spec.analysis
     state = decision.state
-    if analysis is None or counters is None or (state.weight <= 0 and mirror(spec, state) is None):
-        return  # nothing to judge: no answers of the canary (neither traffic nor copies)
+    answers = state.weight > 0 or mirror(spec, state) is not None or header_route(spec, state) is not None
+    if analysis is None or counters is None or not answers:
+        return  # nothing to judge: no answers of the canary (no traffic, no copies, no header route)
     if state.interval_started_at is None:
         # The first look with traffic on the canary: the interval starts here.
         decision.state = state.with_changes(interval_started_at=now, baseline=_pick(counters, canary, stable))

@@ -98,17 +98,27 @@ class SimWorld:
         self.now += seconds
 
     def serve_traffic(
-        self, requests: int, error_rate: dict[str, float] | None = None, latency_ms: dict[str, float] | None = None
+        self,
+        requests: int,
+        error_rate: dict[str, float] | None = None,
+        latency_ms: dict[str, float] | None = None,
+        with_header: int = 0,
     ) -> None:
-        """`requests` answered through the ingress, split by the route's weights; each backend
-        fails its `error_rate` share with a 5xx and answers in `latency_ms` (default 5 ms)."""
+        """`requests` answered through the ingress, split by the route's weights, and `with_header`
+        more that match its header route (to that route's backend; by the weights without one);
+        each backend fails its `error_rate` share with a 5xx and answers in `latency_ms` (5 ms)."""
         if self.route is None or self.counters is None:
             return
         mirror = self.route.mirror
+        header_backend = self.route.header_backend if self.route.header_route is not None else None
+        if header_backend is None:
+            requests, with_header = requests + with_header, 0
         for name in self.route.upstreams:
             share = round(requests * self.route.weight_of(name) / 100)
             if mirror is not None and mirror.backend == name:
                 share += round(requests * mirror.percent / 100)  # the copies (every request's method copied)
+            if name == header_backend:
+                share += with_header
             if share <= 0:
                 continue
             before = self.counters.get(name, BackendCounters())
