@@ -1,7 +1,7 @@
 """The Redis servekeeper runs for GCS fault tolerance, with Debian's real redis-server (no Ray):
 started with a password only its config file holds, adopted by a new controller, started again
 on the same port with its data after a SIGKILL, rebound when another address is needed, a
-cluster's namespace removed alone, stopped by `down`."""
+cluster's namespace removed alone, a user per cluster reaching its own keys only, stopped by `down`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from servekeeper.providers.gcs_storage import delete_namespace
+from servekeeper.providers.gcs_storage import delete_namespace, namespace_kept
 from servekeeper.providers.redis_server import RedisServer, RedisTarget
 from servekeeper.testing.harness import wait_until
 
@@ -85,6 +85,45 @@ def test_clusters_starting_at_once_get_one_server(server: RedisServer) -> None:
     assert client(target, target.password).ping()
     port = target.address.rsplit(":", 1)[1]
     assert servers_on(port) == [server.pid()], "one redis-server on its port, the recorded one"
+
+
+def test_each_cluster_signs_in_as_its_own_user_that_reaches_only_its_namespace(server: RedisServer) -> None:
+    """A cluster's head (or whoever reads its GCS command line) cannot read or wipe another's
+    tables, nor run admin commands; its user survives a SIGKILL of the server, and goes with it."""
+    a = server.ensure("127.0.0.1", "svc-g1-a")
+    b = server.ensure("127.0.0.1", "svc-g2-b")
+    assert (a.username, b.username) == ("sk-svc-g1-a", "sk-svc-g2-b") and a.password != b.password
+    as_a = redis.Redis(*a.address.split(":"), username=a.username, password=a.password, socket_timeout=5)
+    as_a.hset("RAYsvc-g1-a@KV", "f", "v")  # what Ray's GCS does: its tables, INFO, CLUSTER INFO
+    assert as_a.info("server")["redis_version"] and as_a.hget("RAYsvc-g1-a@KV", "f") == b"v"
+    with pytest.raises(redis.ResponseError, match="cluster support disabled") as answered:
+        as_a.execute_command("CLUSTER", "INFO")  # not refused by the ACL: this Redis is no cluster
+    assert not isinstance(answered.value, redis.exceptions.NoPermissionError)
+    for denied in (
+        lambda: as_a.hget("RAYsvc-g2-b@KV", "f"),
+        lambda: as_a.set("other", "x"),
+        lambda: as_a.flushall(),
+        lambda: as_a.config_get("requirepass"),
+        lambda: as_a.keys("*"),
+    ):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            denied()
+    pid = server.pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: server.pid() is None, 5, "the killed redis-server gone")
+    assert server.ensure("127.0.0.1") is not None  # started again, by another cluster's look
+    again = redis.Redis(*a.address.split(":"), username=a.username, password=a.password, socket_timeout=5)
+    assert again.ping(), "its user is back before its head reconnects"
+    assert namespace_kept(a, "svc-g1-a") and not namespace_kept(b, "svc-g2-b"), "b wrote no table"
+    assert delete_namespace(a, "svc-g1-a") == 1, "its own user deletes its namespace"
+    assert not namespace_kept(a, "svc-g1-a")
+    server.forget_user("svc-g1-a")
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(*a.address.split(":"), username=a.username, password=a.password, socket_timeout=5).ping()
+    server.stop()
+    server.ensure("127.0.0.1")
+    assert redis.Redis(*b.address.split(":"), username=b.username, password=b.password, socket_timeout=5).ping()
 
 
 def servers_on(port: str) -> list[int]:

@@ -122,6 +122,15 @@ def test_a_killed_head_is_started_again_in_place_and_serve_recovers_without_a_pu
         cluster = daemon.api_get(NAME)["activeCluster"]["name"]
         if backend == "users-redis":
             assert own_keys(address, password, cluster), "the GCS tables are in the user's Redis"
+        if backend == "redis-run-by-servekeeper":
+            head = nodes_of(daemon, cluster)[0]
+            argv = []
+            for pid in tagged_pids([head["temp_dir"]]):
+                with contextlib.suppress(OSError):  # a process that has just exited
+                    argv.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+            assert any(b"gcs_server" in line and f"sk-{cluster}".encode() in line for line in argv), (
+                "the GCS signs in as the cluster's own Redis user"
+            )
         try:
             kill_head_and_check(daemon, cluster, backend, port)
         finally:  # even after a failure: the next backend starts from no service
@@ -159,13 +168,17 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
         wait_until(lambda: daemon.events(NAME).count("HeadRestarted") > restarted_before, 120, "the head started again")
         restarted_at = time.time()
         wait_ready(daemon, 120, "Ready again")
+        ready_at = time.time()
         time.sleep(3)
         result = load.stop()
     oks = [when for when, label in result.timeline if when >= killed_at and not label.startswith(FAILURE_LABELS)]
     longest_gap = max((b - a for a, b in zip([killed_at, *oks], oks, strict=False)), default=0.0)
     events = daemon.cli("events", NAME).stdout
     failed_at = [(round(when - killed_at, 2), label) for when, label in result.timeline if label not in result.bodies]
-    print(f"failures (seconds after the kill): {failed_at}; head back at {restarted_at - killed_at:.1f}s")
+    print(
+        f"failures (seconds after the kill): {failed_at}; head back at {restarted_at - killed_at:.1f}s, "
+        f"Ready at {ready_at - killed_at:.1f}s"
+    )
     print(
         f"head SIGKILLed with GCS in {backend} under {CLIENTS} clients: started again after "
         f"{restarted_at - killed_at:.1f}s; {result.failed} of {result.failed + result.ok} requests failed "

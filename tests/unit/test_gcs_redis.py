@@ -18,7 +18,7 @@ from servekeeper.model.enums import ClusterRole
 from servekeeper.providers import gcs_storage
 from servekeeper.providers.gcs_storage import GcsStorage, storage_problems
 from servekeeper.providers.node_argv import GCS_RECONNECT_SECONDS
-from servekeeper.providers.redis_server import RedisTarget, render_config
+from servekeeper.providers.redis_server import RedisTarget, render_config, user_rule
 from servekeeper.store.secrets import secrets_dir, set_secret
 from tests.unit.test_controller import make_spec
 from tests.unit.test_pool_clusters import PoolWorld, world
@@ -84,6 +84,11 @@ def test_the_servers_config_keeps_the_password_out_of_argv_and_the_aof_on(tmp_pa
     # "-10.0.0.1": optional, so that an address this machine lost never keeps the server down.
     assert "bind -10.0.0.1 127.0.0.1\n" in text and "port 24000\n" in text and "requirepass s3cret\n" in text
     assert "appendonly yes\n" in text and f'dir "{tmp_path / "data"}"\n' in text and "protected-mode yes\n" in text
+    rule = user_rule("svc-g1-ab", "pw")
+    assert "user" not in text, "no cluster has a user yet"
+    assert f"user {rule}\n" in render_config(tmp_path, 24000, ["127.0.0.1"], "s3cret", (rule,))
+    assert rule.startswith("sk-svc-g1-ab reset on #") and "pw" not in rule.split()[3], "only the password's hash"
+    assert " ~RAYsvc-g1-ab@* " in rule and "-@admin -@dangerous" in rule, "its own keys, no admin command"
 
 
 class FakeRedisServer:
@@ -93,10 +98,10 @@ class FakeRedisServer:
         self.ensured: list[str] = []
         self.running = False
 
-    def ensure(self, reached_on: str) -> RedisTarget:
+    def ensure(self, reached_on: str, cluster: str | None = None) -> RedisTarget:
         self.ensured.append(reached_on)
         self.running = True
-        return RedisTarget(f"{reached_on}:24567", "generated")
+        return RedisTarget(f"{reached_on}:24567", f"generated-for-{cluster}", f"sk-{cluster}")
 
     def pid(self) -> int | None:
         return 4242 if self.running else None
@@ -152,8 +157,45 @@ async def test_without_an_address_the_head_uses_the_redis_servekeeper_runs_start
     head = pending.nodes[0]
     assert routes == [head.address] and server.ensured == ["10.0.0.1"], "bound where the head's host reaches it"
     assert world.fleet.envs[head.temp_dir]["RAY_REDIS_ADDRESS"] == "10.0.0.1:24567"
-    assert "--redis-password=generated" in world.fleet.argvs[head.temp_dir]
+    argv = world.fleet.argvs[head.temp_dir]
+    assert f"--redis-password=generated-for-{pending.name}" in argv, "the cluster's own user and password"
+    assert f"--redis-username=sk-{pending.name}" in argv
     server.running = False  # redis-server killed
     world.pools._liveness.clear()
     await world.tick()
     assert server.ensured == ["10.0.0.1", "10.0.0.1"] and server.running, "started again by the next look"
+
+
+async def test_a_head_is_not_started_again_on_an_empty_redis_namespace(world: PoolWorld, tmp_path: Path) -> None:
+    """A Redis without persistence that restarted (or was flushed) lost the head's tables: the
+    head is refused as on a wiped RocksDB directory, not brought up as a new, empty cluster."""
+    namespaces: dict[str, bool] = {}
+    looked: list[tuple[str | None, str]] = []
+
+    def kept(target: RedisTarget, namespace: str) -> bool:
+        looked.append((target.username, namespace))
+        return namespaces.get(namespace, False)
+
+    world.pools.gcs_storage = GcsStorage(tmp_path, server=FakeRedisServer(), route=lambda _: "10.0.0.1", kept=kept)
+    redis_pending(world, {})
+    pending = await started(world)
+    head = pending.nodes[0]
+    assert looked == [], "a first start has no tables to find"
+    namespaces[pending.name] = True
+    del world.fleet.running[head.temp_dir]  # the head exited; its tables are in Redis
+    world.pools._liveness.clear()
+    await world.tick()
+    await world.background_settled()
+    again = world.cluster(pending.name).nodes[0]
+    assert again.restarts == 1 and again.pid not in (None, head.pid), "started again on its tables"
+    assert looked == [(f"sk-{pending.name}", pending.name)], "looked for as the cluster's own user"
+    namespaces[pending.name] = False  # the Redis restarted without its data
+    launches = world.fleet.calls.count(("launch", head.temp_dir))
+    del world.fleet.running[head.temp_dir]
+    world.pools._liveness.clear()
+    await world.tick()
+    await world.background_settled()
+    assert world.fleet.calls.count(("launch", head.temp_dir)) == launches, "no head on an empty namespace"
+    await world.tick()
+    reason = world.service().failure_reason or ""
+    assert "GCS state of the head in Redis 10.0.0.1:24567 is gone" in reason, reason

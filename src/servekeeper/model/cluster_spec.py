@@ -43,6 +43,7 @@ OWNED_START_PARAMS = frozenset(
         "include-dashboard",
         "gcs-server-port",
         "redis-password",
+        "redis-username",
     }
 )
 

@@ -89,18 +89,26 @@ def missing_password(selector: SecretKeySelector) -> str:
 
 
 def head_flags(target: RedisTarget | None) -> list[str]:
-    return [f"--redis-password={target.password}"] if target is not None and target.password else []
+    if target is None:
+        return []
+    user = [f"--redis-username={target.username}"] if target.username else []
+    return [*user, f"--redis-password={target.password}"] if target.password else user
 
 
 class GcsStorage:
     """The Redis a cluster's head uses (the user's, or the one servekeeper runs), and its cleanup."""
 
     def __init__(
-        self, state_dir: Path, server: RedisServer | None = None, route: Callable[[str], str] = address_towards
+        self,
+        state_dir: Path,
+        server: RedisServer | None = None,
+        route: Callable[[str], str] = address_towards,
+        kept: Callable[[RedisTarget, str], bool] | None = None,
     ) -> None:
         self.secrets_dir = secrets_dir(state_dir)
         self.server = server or RedisServer(redis_dir(state_dir))
         self._route = route  # this machine's address towards a host (tests give one without a network)
+        self._kept = kept or namespace_kept  # whether a namespace has tables (tests: without a Redis)
 
     def password(self, settings: RedisSpec) -> str | None:
         selector = settings.passwordSecret
@@ -111,9 +119,10 @@ class GcsStorage:
             raise PermanentProviderError(missing_password(selector))
         return value
 
-    async def target(self, config: RayClusterConfigSpec, head_address: str) -> RedisTarget | None:
-        """Where the head's GCS keeps its tables in Redis (None: not Redis); the Redis servekeeper
-        runs is started (or started again) here, reachable from `head_address`."""
+    async def target(self, config: RayClusterConfigSpec, head_address: str, cluster: str) -> RedisTarget | None:
+        """Where `cluster`'s head keeps its GCS tables in Redis (None: not Redis); the Redis
+        servekeeper runs is started (or started again) here, reachable from `head_address`, with
+        the cluster's own user."""
         if not uses_redis(config):
             return None
         settings = redis_settings(config)
@@ -125,7 +134,7 @@ class GcsStorage:
             raise RetryableProviderError(
                 f"no route from this machine to the head's host {head_address}: {exc}"
             ) from exc
-        return await asyncio.to_thread(self.server.ensure, reached_on)
+        return await asyncio.to_thread(self.server.ensure, reached_on, cluster)
 
     async def keep_up(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         """At each look of a cluster whose GCS is in the Redis servekeeper runs: that Redis is
@@ -137,15 +146,28 @@ class GcsStorage:
             return
         logger.warning("[%s] the redis-server of its GCS is gone: starting it again", cluster.name)
         try:
-            await self.target(config, cluster.nodes[0].address)
+            await self.target(config, cluster.nodes[0].address, cluster.name)
         except (OSError, ProviderError) as exc:
             logger.warning("[%s] the redis-server of its GCS did not start: %s", cluster.name, exc)
 
-    async def before_restart(self, ssh: SshNodes, head: NodePlacement, config: RayClusterConfigSpec) -> None:
+    async def before_restart(
+        self, ssh: SshNodes, head: NodePlacement, config: RayClusterConfigSpec, target: RedisTarget | None, cluster: str
+    ) -> None:
         """A head started again in place needs its GCS tables: without them (its host rebooted
-        and wiped its work dir) it would come up as a new, empty cluster with none of the
-        service's apps. (In Redis they outlive any host: Ray finds them, or an empty namespace.)"""
-        if config.gcsFaultTolerance is None or head.restarts == 0 or uses_redis(config):
+        and wiped its work dir; a Redis without persistence restarted, or flushed) it would come
+        up as a new, empty cluster with none of the service's apps."""
+        if config.gcsFaultTolerance is None or head.restarts == 0:
+            return
+        if target is not None:
+            try:
+                kept = await asyncio.to_thread(self._kept, target, cluster)
+            except (redis.RedisError, OSError) as exc:
+                raise RetryableProviderError(f"the Redis of the head's GCS ({target.address}): {exc}") from exc
+            if not kept:
+                raise PermanentProviderError(
+                    f"the GCS state of the head in Redis {target.address} is gone (no key of namespace {cluster}): "
+                    "it is not started again on an empty store"
+                )
             return
         if not await ssh.gcs_state_kept(head.host, gcs_storage_dir(head.temp_dir)):
             raise PermanentProviderError(
@@ -159,25 +181,41 @@ class GcsStorage:
         if not uses_redis(config) or not cluster.nodes:
             return
         try:
-            target = await self.target(config, cluster.nodes[0].address)
+            target = await self.target(config, cluster.nodes[0].address, cluster.name)
             assert target is not None
             removed = await asyncio.to_thread(delete_namespace, target, cluster.name)
+            if target.username is not None:
+                await asyncio.to_thread(self.server.forget_user, cluster.name)
         except (redis.RedisError, OSError, ProviderError) as exc:  # best effort: the cluster is gone either way
             logger.warning("[%s] its GCS tables stay in Redis (namespace %s): %s", cluster.name, cluster.name, exc)
             return
         logger.info("[%s] %d GCS tables removed from Redis", cluster.name, removed)
 
 
-def delete_namespace(target: RedisTarget, namespace: str) -> int:
-    """Delete Ray's keys of one external storage namespace (`RAY<namespace>@<table>`)."""
+def _client(target: RedisTarget) -> redis.Redis:
     host, port = target.address.rsplit(":", 1)
-    client = redis.Redis(
+    return redis.Redis(
         host=host.strip("[]"),
         port=int(port),
+        username=target.username,
         password=target.password,
         socket_timeout=REDIS_TIMEOUT_SECONDS,
         socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
     )
+
+
+def namespace_kept(target: RedisTarget, namespace: str) -> bool:
+    """Whether Ray's GCS left any table of `namespace` in the Redis (it writes some at its start)."""
+    client = _client(target)
+    try:
+        return next(iter(client.scan_iter(match=f"RAY{namespace}@*", count=1000)), None) is not None
+    finally:
+        client.close()
+
+
+def delete_namespace(target: RedisTarget, namespace: str) -> int:
+    """Delete Ray's keys of one external storage namespace (`RAY<namespace>@<table>`)."""
+    client = _client(target)
     try:
         keys = list(client.scan_iter(match=f"RAY{namespace}@*", count=1000))
         return int(client.delete(*keys)) if keys else 0

@@ -233,7 +233,8 @@ class PoolProvider:
         groups = _groups_per_node(config)
         nodes = list(cluster.nodes)
         original = cluster
-        storage = await self.gcs_storage.target(config, nodes[0].address) if nodes[0].pid is None else None
+        head_starts = nodes[0].pid is None
+        storage = await self.gcs_storage.target(config, nodes[0].address, cluster.name) if head_starts else None
 
         async def launch(cluster: ClusterRecord, index: int, argv: list[str], token_path: str) -> ClusterRecord:
             node = nodes[index]
@@ -261,7 +262,7 @@ class PoolProvider:
             host = ssh.host(node.host)
             resources = group_args(groups[index])
             if index == 0:
-                await self.gcs_storage.before_restart(ssh, node, config)
+                await self.gcs_storage.before_restart(ssh, node, config, storage, cluster.name)
                 ports = cluster.ports
                 head = HeadPorts(ports.gcs, ports.dashboard, ports.client_server)
                 argv = head_argv(host, node.temp_dir, head, node.ports, resources, head_flags(storage))

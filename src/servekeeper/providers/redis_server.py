@@ -2,7 +2,11 @@
 Debian's redis-server on the controller's machine, its tables in the state dir with the AOF on
 (a restart loses at most a second of writes), a password generated once (in its config file,
 mode 0600, never on a command line), bound to loopback and to the address the pool's hosts
-reach this machine on.
+reach this machine on. Each cluster's head signs in as a user of its own (`sk-<cluster>`), its
+password derived from the server's and allowed only its own namespace's keys (`RAY<cluster>@*`)
+and no admin or dangerous command: one cluster (or whoever reads its GCS command line) cannot read
+or wipe another's tables. The users are kept in `users.json` and written into the config at
+every start, so a Redis started again knows them before any head reconnects.
 
 Like an Envoy process, it outlives the controller: a controller killed, or stopped without
 `down`, leaves it serving the heads' GCS; the next controller adopts it by its recorded pid.
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -53,6 +59,7 @@ class RedisTarget:
 
     address: str
     password: str | None = field(repr=False)
+    username: str | None = None  # None: the default user (a user's own Redis)
 
 
 def redis_dir(state_dir: Path) -> Path:
@@ -74,7 +81,21 @@ def address_towards(host_address: str) -> str:
         return str(probe.getsockname()[0])
 
 
-def render_config(directory: Path, port: int, binds: list[str], password: str) -> str:
+def cluster_user(cluster: str) -> str:
+    return f"sk-{cluster}"
+
+
+def user_rule(cluster: str, password: str) -> str:
+    """The ACL of a cluster's head: its own keys, no channel, every command but the admin and
+    dangerous ones (INFO and CLUSTER INFO given back: Ray's GCS client asks them on connecting)."""
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    return (
+        f"{cluster_user(cluster)} reset on #{digest} ~RAY{cluster}@* resetchannels "
+        "+@all -@admin -@dangerous +info +cluster|info"
+    )
+
+
+def render_config(directory: Path, port: int, binds: list[str], password: str, users: tuple[str, ...] = ()) -> str:
     # "-address": bound if this machine still has it (a changed address must not keep the
     # server from starting, and with it every head's GCS).
     optional = [bind if bind in ("127.0.0.1", "::1") else f"-{bind}" for bind in binds]
@@ -90,6 +111,7 @@ def render_config(directory: Path, port: int, binds: list[str], password: str) -
             'save ""',  # the AOF is the record; no RDB snapshots besides it
             "daemonize no",
             'logfile ""',  # to stdout: the log file the controller opened for it
+            *(f"user {user}" for user in users),
             "",
         ]
     )
@@ -131,6 +153,52 @@ class RedisServer:
                 out.write(secrets.token_hex(32))
         return path.read_text().strip()
 
+    def user_password(self, cluster: str) -> str:
+        """A cluster's own password: derived from the server's, so nothing more to keep secret."""
+        return hmac.new(self._password().encode(), cluster_user(cluster).encode(), hashlib.sha256).hexdigest()
+
+    def _clusters(self) -> list[str]:
+        try:
+            return [str(name) for name in json.loads((self.directory / "users.json").read_text())]
+        except (OSError, ValueError, TypeError):
+            return []
+
+    def _keep_clusters(self, clusters: list[str]) -> None:
+        written = self.directory / "users.json.new"
+        written.write_text(json.dumps(sorted(set(clusters))))
+        os.replace(written, self.directory / "users.json")
+
+    def _rules(self) -> tuple[str, ...]:
+        return tuple(user_rule(cluster, self.user_password(cluster)) for cluster in self._clusters())
+
+    def _admin(self, port: int) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=port, password=self._password(), socket_timeout=START_SECONDS)
+
+    def _set_user(self, port: int, cluster: str) -> None:
+        """The cluster's user, in the running server too (the next start reads it from the config)."""
+        if cluster not in self._clusters():
+            self._keep_clusters([*self._clusters(), cluster])
+        client = self._admin(port)
+        try:
+            client.execute_command("ACL", "SETUSER", *user_rule(cluster, self.user_password(cluster)).split())
+        except (redis.RedisError, OSError) as exc:
+            raise RetryableProviderError(f"redis-server on port {port}: the user of {cluster} not set: {exc}") from exc
+        finally:
+            client.close()
+
+    def forget_user(self, cluster: str) -> None:
+        """A deleted cluster's user goes (its namespace was deleted before)."""
+        with self._exclusive():
+            self._keep_clusters([name for name in self._clusters() if name != cluster])
+            port = self._state().port
+            if self.pid() is None or port is None:
+                return
+            client = self._admin(port)
+            try:
+                client.execute_command("ACL", "DELUSER", cluster_user(cluster))
+            finally:
+                client.close()
+
     def pid(self) -> int | None:
         """The recorded redis-server, if it still runs: redis-server rewrites its command line
         to its title, "<its path> <first bind address>:<port>", which names our port."""
@@ -151,21 +219,25 @@ class RedisServer:
         ours = os.path.basename(title.split(b" ", 1)[0]) == b"redis-server" and f":{state.port} ".encode() in title
         return pid if ours else None
 
-    def ensure(self, reached_on: str) -> RedisTarget:
+    def ensure(self, reached_on: str, cluster: str | None = None) -> RedisTarget:
         """The server running and bound to `reached_on` (started, or started again with that
-        address added, keeping its port and data); raises RetryableProviderError when it does
+        address added, keeping its port and data), with `cluster`'s user: the target is that
+        user's (the server's own without a cluster); raises RetryableProviderError when it does
         not answer in time, PermanentProviderError when redis-server is not installed."""
         with self._exclusive():
             state = self._state()
             running = self.pid()
-            if running is not None and state.port is not None and reached_on in state.binds:
-                return RedisTarget(f"{reached_on}:{state.port}", self._password())
-            if running is not None:
-                self._stop_pid(running)  # bound elsewhere: started again with every address
-            # The same port every time: the heads' GCS were started with this address.
-            port = state.port if state.port is not None else PortAllocator().one()
-            self._start(port, sorted({"127.0.0.1", reached_on, *state.binds}))
-            return RedisTarget(f"{reached_on}:{port}", self._password())
+            port = state.port
+            if running is None or port is None or reached_on not in state.binds:
+                if running is not None:
+                    self._stop_pid(running)  # bound elsewhere: started again with every address
+                # The same port every time: the heads' GCS were started with this address.
+                port = port if port is not None else PortAllocator().one()
+                self._start(port, sorted({"127.0.0.1", reached_on, *state.binds}))
+            if cluster is None:
+                return RedisTarget(f"{reached_on}:{port}", self._password())
+            self._set_user(port, cluster)
+            return RedisTarget(f"{reached_on}:{port}", self.user_password(cluster), cluster_user(cluster))
 
     def _start(self, port: int, binds: list[str]) -> None:
         binary = self._binary or redis_binary()
@@ -176,7 +248,7 @@ class RedisServer:
         password = self._password()
         descriptor = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as out:
-            out.write(render_config(self.directory, port, binds, password))
+            out.write(render_config(self.directory, port, binds, password, self._rules()))
         with open(self.directory / "redis.log", "ab") as log:
             process = subprocess.Popen(
                 [binary, str(self.config_path)],
