@@ -85,14 +85,17 @@ def cluster_user(cluster: str) -> str:
     return f"sk-{cluster}"
 
 
+# A cluster's head may run every command but the admin and dangerous ones; INFO and CLUSTER INFO
+# are given back (Ray's GCS client asks them on connecting).
+USER_CATEGORIES = ("+@all", "-@admin", "-@dangerous")
+USER_COMMANDS = ("+info", "+cluster|info")
+
+
 def user_rule(cluster: str, password: str) -> str:
-    """The ACL of a cluster's head: its own keys, no channel, every command but the admin and
-    dangerous ones (INFO and CLUSTER INFO given back: Ray's GCS client asks them on connecting)."""
+    """The ACL of a cluster's head, as the config file holds it: its own keys, no channel."""
     digest = hashlib.sha256(password.encode()).hexdigest()
-    return (
-        f"{cluster_user(cluster)} reset on #{digest} ~RAY{cluster}@* resetchannels "
-        "+@all -@admin -@dangerous +info +cluster|info"
-    )
+    allowed = " ".join((*USER_CATEGORIES, *USER_COMMANDS))
+    return f"{cluster_user(cluster)} reset on #{digest} ~RAY{cluster}@* resetchannels {allowed}"
 
 
 def render_config(directory: Path, port: int, binds: list[str], password: str, users: tuple[str, ...] = ()) -> str:
@@ -180,7 +183,16 @@ class RedisServer:
             self._keep_clusters([*self._clusters(), cluster])
         client = self._admin(port)
         try:
-            client.execute_command("ACL", "SETUSER", *user_rule(cluster, self.user_password(cluster)).split())
+            client.acl_setuser(
+                cluster_user(cluster),
+                reset=True,
+                enabled=True,
+                hashed_passwords=[f"+{hashlib.sha256(self.user_password(cluster).encode()).hexdigest()}"],
+                keys=[f"RAY{cluster}@*"],
+                reset_channels=True,
+                categories=USER_CATEGORIES,
+                commands=USER_COMMANDS,
+            )
         except (redis.RedisError, OSError) as exc:
             raise RetryableProviderError(f"redis-server on port {port}: the user of {cluster} not set: {exc}") from exc
         finally:
@@ -195,7 +207,7 @@ class RedisServer:
                 return
             client = self._admin(port)
             try:
-                client.execute_command("ACL", "DELUSER", cluster_user(cluster))
+                client.acl_deluser(cluster_user(cluster))
             finally:
                 client.close()
 
