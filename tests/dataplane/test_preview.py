@@ -207,6 +207,32 @@ async def test_a_preview_request_in_flight_keeps_its_backend_busy(
     await inflight_until(plane, lambda inflight: inflight == {"a": 0, "b": 0})
 
 
+async def test_a_backends_completed_requests_leave_out_those_in_flight_and_those_given_up(
+    make_plane: PlaneFactory, upstream: UpstreamFactory
+) -> None:
+    """What a canary's analysis divides by: requests with an answer (or an error). A request still
+    in flight, or one whose client gave up, is no success (a stuck canary counted them as such)."""
+    plane, _, backends = await two_backends(make_plane, upstream)
+    port = free_port()
+    await plane.set_route(route("svc", port, backends, {"a": 0, "b": 100}))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=NO_KEEPALIVE) as client:
+        assert [(await client.get("/", params={"status": code})).status_code for code in (200, 500) * 3] == [
+            200,
+            500,
+        ] * 3
+        held = [asyncio.create_task(client.get("/", params={"sleep": "5"}, timeout=10)) for _ in range(3)]
+        with pytest.raises(httpx.TimeoutException):
+            await client.get("/", params={"sleep": "5"}, timeout=0.3)  # given up on
+        await inflight_until(plane, lambda inflight: inflight.get("b") == 3)
+        await asyncio.sleep(STATS_FLUSH_S)
+        stats = (await plane.backend_stats())["b"]
+        assert (stats.rq_completed, stats.rq_5xx) == (6, 3), stats
+        assert stats.rq_total == 10, "Envoy's total counts every request sent, answered or not"
+        assert [response.status_code for response in await asyncio.gather(*held)] == [200] * 3
+    await asyncio.sleep(STATS_FLUSH_S)
+    assert (await plane.backend_stats())["b"].rq_completed == 9
+
+
 STATS_FLUSH_S = 1.3  # the bootstrap's stats_flush_interval (1 s) and some room
 
 

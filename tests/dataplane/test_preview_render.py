@@ -190,6 +190,8 @@ def test_preview_requests_count_only_as_in_flight() -> None:
     stats = {
         "stats": [
             stat("http-b", "upstream_rq_total", 10),
+            stat("http-b", "upstream_rq_completed", 8),  # 2 in flight
+            stat("preview-b", "upstream_rq_completed", 47),
             stat("http-b", "upstream_rq_5xx", 1),
             stat("http-b", "upstream_rq_active", 2),
             stat("preview-b", "upstream_rq_total", 50),
@@ -206,8 +208,8 @@ def test_preview_requests_count_only_as_in_flight() -> None:
     totals = sum_backend_stats([counters, counters])  # two processes
     assert (totals["b"].rq_total, totals["b"].rq_5xx, totals["b"].latency_ms_buckets) == (20, 2, {5.0: 20})
     assert totals["b"].rq_active == 12  # in flight: the preview port's requests are on the backend too
-    # Answered: the main cluster's requests less its own in flight (4 of the 12), never the preview's.
-    assert (totals["b"].main_active, totals["b"].rq_answered) == (4, 16)
+    # Completed: the main clusters' own, never the preview port's.
+    assert totals["b"].rq_completed == 16
     assert (totals["preview-b"].rq_total, totals["preview-b"].latency_ms_buckets) == (14, {5.0: 14})
 
     weights = {"http-hello": {"http-b": 100, "http-preview-b": 0}}

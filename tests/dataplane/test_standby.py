@@ -59,7 +59,7 @@ async def test_a_dead_active_fails_over_to_the_standby_at_once(
         if stats.rq_2xx >= 20 and sum(stats.latency_ms_buckets.values()) > 0:  # histograms: flushed each second
             break
         await asyncio.sleep(0.1)
-    assert stats.rq_total == stats.rq_2xx == 20 and sum(stats.latency_ms_buckets.values()) > 0
+    assert stats.rq_total == stats.rq_completed == stats.rq_2xx == 20 and sum(stats.latency_ms_buckets.values()) > 0
 
     answers: list[tuple[float, str]] = []
     stop = asyncio.Event()

@@ -53,7 +53,7 @@ class Upstream:
         delay = float(request.query.get("sleep", "0"))
         if delay:
             await asyncio.sleep(delay)
-        return web.Response(text=self.name)
+        return web.Response(text=self.name, status=int(request.query.get("status", "200")))
 
     async def _headers(self, request: web.Request) -> web.Response:
         return web.json_response({"backend": self.name, "headers": dict(request.headers)})

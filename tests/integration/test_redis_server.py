@@ -94,7 +94,11 @@ def test_each_cluster_signs_in_as_its_own_user_that_reaches_only_its_namespace(s
     b = server.ensure("127.0.0.1", "svc-g2-b")
     assert (a.username, b.username) == ("sk-svc-g1-a", "sk-svc-g2-b") and a.password != b.password
     as_a = redis.Redis(*a.address.split(":"), username=a.username, password=a.password, socket_timeout=5)
-    as_a.hset("RAYsvc-g1-a@KV", "f", "v")  # what Ray's GCS does: its tables, INFO, CLUSTER INFO
+    # What Ray's client and GCS do: DEL DUMMY on connecting, its tables, INFO, CLUSTER INFO.
+    as_a.delete("DUMMY")
+    as_a.hset("RAYsvc-g1-a@KV", "f", "v")
+    as_a.incrby("RAYsvc-g1-a@JobCounter", 1)
+    assert as_a.hmget("RAYsvc-g1-a@KV", ["f"]) == [b"v"] and as_a.hscan("RAYsvc-g1-a@KV")[1] == {b"f": b"v"}
     assert as_a.info("server")["redis_version"] and as_a.hget("RAYsvc-g1-a@KV", "f") == b"v"
     with pytest.raises(redis.ResponseError, match="cluster support disabled") as answered:
         as_a.execute_command("CLUSTER", "INFO")  # not refused by the ACL: this Redis is no cluster
@@ -105,6 +109,7 @@ def test_each_cluster_signs_in_as_its_own_user_that_reaches_only_its_namespace(s
         lambda: as_a.flushall(),
         lambda: as_a.config_get("requirepass"),
         lambda: as_a.keys("*"),
+        lambda: as_a.get("DUMMY"),  # DUMMY is only deleted
     ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             denied()
@@ -116,7 +121,7 @@ def test_each_cluster_signs_in_as_its_own_user_that_reaches_only_its_namespace(s
     again = redis.Redis(*a.address.split(":"), username=a.username, password=a.password, socket_timeout=5)
     assert again.ping(), "its user is back before its head reconnects"
     assert namespace_kept(a, "svc-g1-a") and not namespace_kept(b, "svc-g2-b"), "b wrote no table"
-    assert delete_namespace(a, "svc-g1-a") == 1, "its own user deletes its namespace"
+    assert delete_namespace(a, "svc-g1-a") == 2, "its own user deletes its namespace"
     assert not namespace_kept(a, "svc-g1-a")
     server.forget_user("svc-g1-a")
     with pytest.raises(redis.AuthenticationError):
@@ -124,6 +129,17 @@ def test_each_cluster_signs_in_as_its_own_user_that_reaches_only_its_namespace(s
     server.stop()
     server.ensure("127.0.0.1")
     assert redis.Redis(*b.address.split(":"), username=b.username, password=b.password, socket_timeout=5).ping()
+    with pytest.raises(redis.AuthenticationError):  # nor written back at the next start
+        redis.Redis(*a.address.split(":"), username=a.username, password=a.password, socket_timeout=5).ping()
+    assert a.password != hmac_of(server, "sk-svc-g1-a"), "not derived from the password heads once had"
+
+
+def hmac_of(server: RedisServer, user: str) -> str:
+    import hashlib
+    import hmac
+
+    key = (server.directory / "password").read_text().strip().encode()
+    return hmac.new(key, user.encode(), hashlib.sha256).hexdigest()
 
 
 def servers_on(port: str) -> list[int]:

@@ -138,6 +138,9 @@ def test_a_killed_head_is_started_again_in_place_and_serve_recovers_without_a_pu
             wait_until(lambda: not daemon.clusters(), 120, "the service's clusters stopped")
         if backend == "users-redis":
             assert own_keys(address, password, cluster) == [], "its namespace went with the cluster"
+        if backend == "redis-run-by-servekeeper":
+            users = json.loads((daemon.state_dir / "redis" / "users.json").read_text())
+            assert cluster not in users, "its Redis user went with the cluster"
 
 
 def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: int) -> None:

@@ -646,6 +646,23 @@ def test_requests_sent_by_the_header_route_are_analysed_at_weight_0() -> None:
     assert world.route is not None and world.route.header_route is None
 
 
+def test_testers_alone_pass_no_interval_for_the_users_nor_flood_the_events() -> None:
+    steps = [{"pause": {}}, {"setWeight": 50}]
+    header = {"header": "x-canary", "value": "always"}
+    world = ready_world(canary_spec_with_header("v1", steps, headerRoute=header, analysis=ANALYSIS))
+    canary_started(
+        world,
+        canary_spec_with_header("v2", steps, headerRoute=header, analysis=ANALYSIS),
+        until=lambda: world.route is not None and world.route.header_route is not None,
+    )
+    run_with_traffic(world, 30)  # no tester: nothing to judge, and nothing said of it
+    assert "CanaryAnalysis" not in reasons(world)
+    run_with_traffic(world, 30, with_header=60)  # testers, every answer good
+    state = pending_of(world).canary
+    assert state is not None and state.passed_intervals == 0 and state.last_analysis is not None
+    assert state.last_analysis.verdict == "passed", "judged, but no pass for the users"
+
+
 # -- shadow steps (issue 23): a share of the requests copied to the canary, its answers dropped -----
 
 

@@ -235,7 +235,7 @@ def _listener_settings_changed(route: ServiceRoute | None, spec: ServiceSpec) ->
 def _counters(stats: dict[str, BackendStats]) -> dict[str, BackendCounters]:
     return {
         name: BackendCounters(
-            requests=backend.rq_answered,
+            requests=backend.rq_completed,
             errors_5xx=backend.rq_5xx,
             latency_ms_buckets=tuple(sorted(backend.latency_ms_buckets.items())),
             epoch=backend.epoch,

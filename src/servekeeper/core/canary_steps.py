@@ -155,7 +155,10 @@ def _analyse(
     canary_delta, stable_delta = delta(canary), delta(stable)
     figures = analyse(analysis, canary_delta, stable_delta, state.interval_started_at, now)
     passed, failed, inconclusive = state.passed_intervals, state.failed_intervals, state.inconclusive_intervals
-    if figures.verdict == PASSED:
+    # At weight 0 without copies only the header route's requests (testers) reached the canary:
+    # they may fail it, never pass it for the users (nor flood the events while none come).
+    testers_only = state.weight <= 0 and mirror(spec, state) is None
+    if figures.verdict == PASSED and not testers_only:
         passed += 1
     elif figures.verdict == FAILED:
         failed += 1
@@ -175,6 +178,8 @@ def _analyse(
         decision.reason = (
             f"AnalysisFailed: {failed} failed interval(s), more than failureLimit {analysis.failureLimit}: {line}"
         )
+        return
+    if testers_only and figures.verdict == INCONCLUSIVE:
         return
     warning = figures.verdict == FAILED
     decision.events.append(("CanaryAnalysis", f"{figures.verdict}: {line}", warning))

@@ -158,19 +158,13 @@ class BackendStats:
     rq_4xx: int = 0
     rq_5xx: int = 0
     rq_active: int = 0
-    # The main clusters' own requests in flight (rq_active adds the preview port's): counted in
-    # rq_total before they have an answer, so `rq_answered` leaves them out.
-    main_active: int = 0
+    # Requests with their answer or their error (Envoy charges it in the same call as the code
+    # classes: a request in flight, or one its client gave up on, is not among them).
+    rq_completed: int = 0
     # Upstream request time: cumulative counts per bucket upper bound in milliseconds.
     latency_ms_buckets: dict[float, int] = field(default_factory=dict)
     # Which processes these sums come from (their pids): counters compare only within one epoch.
     epoch: str = ""
-
-    @property
-    def rq_answered(self) -> int:
-        """Requests that have their answer (or their error): a rate of 5xx is over these, never
-        over requests still in flight (a stuck canary's would count as successes)."""
-        return max(0, self.rq_total - self.main_active)
 
 
 def route_to_json(route: ServiceRoute) -> dict[str, Any]:

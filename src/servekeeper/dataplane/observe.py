@@ -78,10 +78,15 @@ def sum_backend_stats(answers: Sequence[dict[str, ClusterCounters]]) -> dict[str
             if not counters.values and not counters.latency_ms_buckets:
                 continue  # only a preview cluster's stats (no main cluster in this process)
             into = totals.setdefault(backend, {})
-            for key in ("upstream_rq_total", "upstream_rq_2xx", "upstream_rq_4xx", "upstream_rq_5xx"):
+            for key in (
+                "upstream_rq_total",
+                "upstream_rq_completed",
+                "upstream_rq_2xx",
+                "upstream_rq_4xx",
+                "upstream_rq_5xx",
+            ):
                 into[key] = into.get(key, 0) + counters.values.get(key, 0)
             into["active"] = into.get("active", 0) + inflight(counters)
-            into["main_active"] = into.get("main_active", 0) + counters.values.get("upstream_rq_active", 0)
             for bound, count in counters.latency_ms_buckets.items():
                 buckets.setdefault(backend, {})[bound] = buckets.get(backend, {}).get(bound, 0) + count
     return {
@@ -92,7 +97,7 @@ def sum_backend_stats(answers: Sequence[dict[str, ClusterCounters]]) -> dict[str
             rq_4xx=t["upstream_rq_4xx"],
             rq_5xx=t["upstream_rq_5xx"],
             rq_active=t["active"],
-            main_active=t["main_active"],
+            rq_completed=t["upstream_rq_completed"],
             latency_ms_buckets=dict(sorted(buckets.get(backend, {}).items())),
         )
         for backend, t in sorted(totals.items())

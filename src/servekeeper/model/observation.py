@@ -18,7 +18,7 @@ class BackendCounters:
     """One backend's counters at the ingress, summed over its processes; they only grow
     (unless an ingress process restarted: then they start again from 0)."""
 
-    requests: int = 0  # answered ones (in flight left out: a request is judged on its answer)
+    requests: int = 0  # completed ones (answered or failed: never one in flight)
     errors_5xx: int = 0
     latency_ms_buckets: tuple[tuple[float, int], ...] = ()  # (upper bound, cumulative count), ascending
     epoch: str = ""  # the ingress processes counted: counters of two epochs never compare

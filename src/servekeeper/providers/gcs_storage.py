@@ -161,12 +161,14 @@ class GcsStorage:
         if target is not None:
             try:
                 kept = await asyncio.to_thread(self._kept, target, cluster)
+            except redis.exceptions.NoPermissionError:
+                return  # a user's Redis that lets its user no SCAN: Ray finds its tables, or none
             except (redis.RedisError, OSError) as exc:
                 raise RetryableProviderError(f"the Redis of the head's GCS ({target.address}): {exc}") from exc
             if not kept:
                 raise PermanentProviderError(
                     f"the GCS state of the head in Redis {target.address} is gone (no key of namespace {cluster}): "
-                    "it is not started again on an empty store"
+                    "it is not started again on an empty store (a head that never ran: see its log)"
                 )
             return
         if not await ssh.gcs_state_kept(head.host, gcs_storage_dir(head.temp_dir)):
@@ -184,12 +186,15 @@ class GcsStorage:
             target = await self.target(config, cluster.nodes[0].address, cluster.name)
             assert target is not None
             removed = await asyncio.to_thread(delete_namespace, target, cluster.name)
-            if target.username is not None:
-                await asyncio.to_thread(self.server.forget_user, cluster.name)
         except (redis.RedisError, OSError, ProviderError) as exc:  # best effort: the cluster is gone either way
             logger.warning("[%s] its GCS tables stay in Redis (namespace %s): %s", cluster.name, cluster.name, exc)
-            return
-        logger.info("[%s] %d GCS tables removed from Redis", cluster.name, removed)
+        else:
+            logger.info("[%s] %d GCS tables removed from Redis", cluster.name, removed)
+        if redis_settings(config).address is None:  # the Redis servekeeper runs: the cluster's user goes
+            try:
+                await asyncio.to_thread(self.server.forget_user, cluster.name)
+            except (redis.RedisError, OSError) as exc:  # out of its config already: gone at the next start
+                logger.warning("[%s] its Redis user stays until that Redis starts again: %s", cluster.name, exc)
 
 
 def _client(target: RedisTarget) -> redis.Redis:

@@ -30,7 +30,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,11 +91,17 @@ USER_CATEGORIES = ("+@all", "-@admin", "-@dangerous")
 USER_COMMANDS = ("+info", "+cluster|info")
 
 
+def user_keys(cluster: str) -> tuple[str, ...]:
+    """Its own namespace's keys, and a write to `DUMMY`: Ray's Redis client deletes that key on
+    connecting (to find out whether the Redis is a cluster) and gives up if refused."""
+    return (f"~RAY{cluster}@*", "%W~DUMMY")
+
+
 def user_rule(cluster: str, password: str) -> str:
     """The ACL of a cluster's head, as the config file holds it: its own keys, no channel."""
     digest = hashlib.sha256(password.encode()).hexdigest()
-    allowed = " ".join((*USER_CATEGORIES, *USER_COMMANDS))
-    return f"{cluster_user(cluster)} reset on #{digest} ~RAY{cluster}@* resetchannels {allowed}"
+    allowed = " ".join((*user_keys(cluster), "resetchannels", *USER_CATEGORIES, *USER_COMMANDS))
+    return f"{cluster_user(cluster)} reset on #{digest} {allowed}"
 
 
 def render_config(directory: Path, port: int, binds: list[str], password: str, users: tuple[str, ...] = ()) -> str:
@@ -148,8 +154,8 @@ class RedisServer:
         except (OSError, ValueError, KeyError, TypeError):
             return _State(None, None, ())
 
-    def _password(self) -> str:
-        path = self.directory / "password"
+    def _password(self, name: str = "password") -> str:
+        path = self.directory / name
         if not path.exists():
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(descriptor, "w") as out:
@@ -157,8 +163,10 @@ class RedisServer:
         return path.read_text().strip()
 
     def user_password(self, cluster: str) -> str:
-        """A cluster's own password: derived from the server's, so nothing more to keep secret."""
-        return hmac.new(self._password().encode(), cluster_user(cluster).encode(), hashlib.sha256).hexdigest()
+        """A cluster's own password, derived from a key of its own that is never handed out (not
+        the server's password: before users per cluster, heads were started with that one)."""
+        key = self._password("users.key").encode()
+        return hmac.new(key, cluster_user(cluster).encode(), hashlib.sha256).hexdigest()
 
     def _clusters(self) -> list[str]:
         try:
@@ -183,16 +191,9 @@ class RedisServer:
             self._keep_clusters([*self._clusters(), cluster])
         client = self._admin(port)
         try:
-            client.acl_setuser(
-                cluster_user(cluster),
-                reset=True,
-                enabled=True,
-                hashed_passwords=[f"+{hashlib.sha256(self.user_password(cluster).encode()).hexdigest()}"],
-                keys=[f"RAY{cluster}@*"],
-                reset_channels=True,
-                categories=USER_CATEGORIES,
-                commands=USER_COMMANDS,
-            )
+            # The rule as the config file holds it, word for word (typed calls would spell it apart).
+            command: Callable[..., object] = client.execute_command  # untyped in redis-py
+            command("ACL", "SETUSER", *user_rule(cluster, self.user_password(cluster)).split())
         except (redis.RedisError, OSError) as exc:
             raise RetryableProviderError(f"redis-server on port {port}: the user of {cluster} not set: {exc}") from exc
         finally:

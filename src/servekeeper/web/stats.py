@@ -92,7 +92,7 @@ def series(samples: Sequence[Sample], backends: Sequence[str] | None = None) -> 
             if new is None:
                 continue
             old = old or BackendStats(backend=name)
-            requests = max(0, new.rq_answered - old.rq_answered)
+            requests = max(0, new.rq_total - old.rq_total)
             result[name].rate.append((after.time, requests / elapsed))
             result[name].errors.append((after.time, max(0, new.rq_5xx - old.rq_5xx) / elapsed))
             result[name].p99_ms.append((after.time, _quantile_ms(old.latency_ms_buckets, new.latency_ms_buckets, 0.99)))
