@@ -3,9 +3,10 @@ Debian's redis-server on the controller's machine, its tables in the state dir w
 (a restart loses at most a second of writes), a password generated once (in its config file,
 mode 0600, never on a command line), bound to loopback and to the address the pool's hosts
 reach this machine on. Each cluster's head signs in as a user of its own (`sk-<cluster>`), its
-password derived from the server's and allowed only its own namespace's keys (`RAY<cluster>@*`)
-and no admin or dangerous command: one cluster (or whoever reads its GCS command line) cannot read
-or wipe another's tables. The users are kept in `users.json` and written into the config at
+password derived from a key kept beside the server's (never handed out), allowed only its own
+namespace's keys (`RAY<cluster>@*`, and a write to `DUMMY`, see `user_keys`) and no admin or
+dangerous command: one cluster (or whoever reads its GCS command line) cannot read or wipe
+another's tables. The users are kept in `users.json` and written into the config at
 every start, so a Redis started again knows them before any head reconnects.
 
 Like an Envoy process, it outlives the controller: a controller killed, or stopped without
