@@ -190,7 +190,10 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
     assert daemon.api_get(NAME)["activeCluster"]["name"] == cluster, "the cluster was kept"
     assert [c["name"] for c in daemon.clusters()] == [cluster], "no new cluster"
     now = nodes_of(daemon, cluster)[0]
-    assert (now["host"], now["temp_dir"], now["restarts"]) == (head["host"], head["temp_dir"], head["restarts"] + 1)
+    assert (now["host"], now["temp_dir"]) == (head["host"], head["temp_dir"]), "started again in place"
+    # Once, or more: on a busy machine a head started again can time out in its own start ("The
+    # current node timed out during startup", seen in a CI run) and is then started once more.
+    assert now["restarts"] >= head["restarts"] + 1, (now["restarts"], head["restarts"])
     assert now["pid"] != head["pid"] and "HeadRestarting" in events
     assert len(daemon.submissions()) == puts, "Serve recovered its apps from the GCS: no PUT"
     apps = serve_apps(daemon, cluster)
