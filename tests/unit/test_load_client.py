@@ -37,6 +37,7 @@ class Counts:
     dropped: int = 0
     mangled: int = 0
     requests_with_connection_close: int = 0
+    hanging: int = 0  # requests read and left unanswered on purpose
 
 
 class MisbehavingServer:
@@ -101,6 +102,7 @@ class MisbehavingServer:
             ):
                 self.counts.requests_with_connection_close += 1
             if self.behaviour.hang:
+                self.counts.hanging += 1
                 await asyncio.Event().wait()
             drop_after = self.behaviour.drop_after
             if drop_after is not None and answered_here >= drop_after:
@@ -248,7 +250,12 @@ def test_stop_gives_up_on_requests_that_hang_and_counts_them_abandoned(run_load:
         load = Load(server.url, clients=4, timeout=30, stop_grace_s=0.5)
         run_load.append(load)
         load.__enter__()
-        time.sleep(0.3)
+        # Every client's request must be in the server's hands before the stop: a fixed sleep lost
+        # one client on a busy CI machine (it had not sent yet, so it was not abandoned).
+        deadline = time.monotonic() + 10
+        while server.counts.hanging < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.counts.hanging == 4
         started = time.monotonic()
         result = load.stop()
         assert time.monotonic() - started < 2
