@@ -9,7 +9,15 @@ import time
 import httpx
 import pytest
 
-from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, kill_local_cluster, pid_alive, wait_until
+from servekeeper.testing.harness import (
+    HELLO_APP,
+    Servekeeper,
+    free_port,
+    hello_spec,
+    kill_local_cluster,
+    pid_alive,
+    wait_until,
+)
 from servekeeper.testing.load import Load
 
 pytestmark = pytest.mark.ray
@@ -104,3 +112,60 @@ def test_pending_clusters_that_cannot_come_up_fail_the_rollout_and_v1_keeps_serv
     assert load.result.failed == 0, f"failed requests: {dict(load.result.failures)}"
     assert set(load.result.bodies) == {"v1"}
     assert sk.get("sturdy")["activeCluster"]["name"] == active
+
+
+IMPERATIVE = (
+    "import hello; from ray import serve; "
+    "serve.run(hello.app({'msg': 'extra'}), name='extra', route_prefix='/extra', blocking=False)"
+)
+
+
+def test_with_gcs_fault_tolerance_a_killed_head_and_worker_are_started_again_in_place(sk: Servekeeper) -> None:
+    """GCS fault tolerance on this machine (RocksDB): every process of the head SIGKILLed under
+    load, the head is started again on the same ports with its tables, Serve recovers its apps
+    (a run-time one too) without a PUT, and the cluster is kept; a worker killed is started
+    again in place too (as KubeRay recreates a worker pod)."""
+    port = free_port()
+    sk.up()
+    document = hello_spec("kept", port, serviceUnhealthySecondThreshold=300)
+    config = document["spec"]["rayClusterConfig"]
+    config["gcsFaultTolerance"] = {"backend": "rocksdb"}
+    config["workerGroups"] = [{"name": "cpu", "replicas": 1, "numCpus": 1}]
+    sk.apply(document)
+    assert sk.wait("kept") == 0
+    cluster = sk.get("kept")["activeCluster"]
+    sk.cli("job", "submit", "kept", "--working-dir", str(HELLO_APP), "--", "python", "-c", IMPERATIVE)
+    puts = len(sk.submissions())
+    with Load(f"http://127.0.0.1:{port}/", clients=8, timeout=10) as load:
+        wait_until(lambda: load.result.ok > 20, 30, "load to start")
+        killed_at = time.time()
+        kill_local_cluster(cluster["headPid"])
+        wait_until(lambda: "HeadRestarted" in sk.events("kept"), 120, "the head started again")
+        head_back = time.time() - killed_at
+        wait_until(lambda: sk.condition("kept", "Ready")["status"] == "True", 120, "Ready again")
+        wait_until(lambda: load.result.timeline[-1][1] == "v1", 60, "answers again")
+        answering = time.time() - killed_at
+        result = load.stop()
+    failed = [when for when, outcome in result.timeline if when >= killed_at and outcome != "v1"]
+    print(
+        f"\nlocal head SIGKILLed with GCS in RocksDB under 8 clients: started again after {head_back:.1f}s, "
+        f"answering after {answering:.1f}s; {result.failed} of {result.failed + result.ok} failed "
+        f"({dict(result.failures)}), {max(failed, default=killed_at) - killed_at:.1f}s without an answer"
+    )
+    now = sk.get("kept")["activeCluster"]
+    assert now["name"] == cluster["name"] and [c["name"] for c in sk.clusters()] == [cluster["name"]]
+    assert now["headPid"] != cluster["headPid"] and not pid_alive(cluster["headPid"])
+    assert len(sk.submissions()) == puts, "Serve recovered its apps from the GCS: no PUT"
+    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/extra", timeout=5).text == "extra", 60, "the run-time app")
+    assert result.by_method["POST"] > 0
+    # A head started again, not replaced (a replacement from nothing takes 33-42 s on one machine).
+    assert set(result.failures) <= {"HTTP 502", "HTTP 503", "timeout"}, result.failures
+
+    (worker,) = now["workerPids"]
+    kill_local_cluster(worker)
+    wait_until(lambda: "WorkerRestarting" in sk.events("kept"), 60, "the worker started again")
+    wait_until(lambda: sk.get("kept")["activeCluster"]["workerPids"] not in ([], [worker]), 60, "a new worker pid")
+    wait_until(lambda: sk.condition("kept", "Ready")["status"] == "True", 60, "Ready with the worker back")
+    nodes = json.loads(sk.clusters()[0]["nodes_json"])
+    assert [(node["role"], node["restarts"]) for node in nodes] == [("head", 1), ("worker", 1)], nodes
+    assert [c["name"] for c in sk.clusters()] == [cluster["name"]] and len(sk.submissions()) == puts

@@ -179,9 +179,13 @@ def test_rocksdb_gcs_fault_tolerance_maps_to_the_field_on_a_pool_named_in_the_ex
     assert ("ignored", "spec.rayClusterConfig.gcsFaultToleranceOptions.storage") in notes(result)
 
 
-def test_rocksdb_without_a_pool_is_refused_naming_the_annotation_to_add() -> None:
+def test_rocksdb_without_a_pool_restarts_the_head_on_this_machine_and_redis_is_refused_there() -> None:
     document = minimal()
     cluster(document)["gcsFaultToleranceOptions"] = {"backend": "rocksdb"}
+    config = run_import([document]).spec.spec.rayClusterConfig
+    assert config.gcsFaultTolerance is not None and config.gcsFaultTolerance.backend == "rocksdb"
+    assert config.hostPool is None
+    cluster(document)["gcsFaultToleranceOptions"] = {"backend": "redis", "redisAddress": "redis:6379"}
     (problem,) = problems([document])
     assert problem.startswith("spec.rayClusterConfig.gcsFaultToleranceOptions: ") and '"hostPool"' in problem
 

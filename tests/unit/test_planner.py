@@ -536,9 +536,12 @@ def test_a_silent_head_host_is_never_restarted_even_with_gcs_fault_tolerance() -
     assert not [e for e in world.events if e.reason == "HeadRestarting"]
 
 
-def test_gcs_fault_tolerance_needs_a_host_pool_for_now() -> None:
-    with pytest.raises(SpecError, match="gcsFaultTolerance: needs a hostPool"):
-        make_spec(rayClusterConfig={"gcsFaultTolerance": {}})
+def test_redis_gcs_fault_tolerance_needs_a_host_pool_and_rocksdb_does_not() -> None:
+    with pytest.raises(SpecError, match="gcsFaultTolerance.backend: redis needs a hostPool"):
+        make_spec(rayClusterConfig={"gcsFaultTolerance": {"backend": "redis"}})
+    local = make_spec(rayClusterConfig={"gcsFaultTolerance": {}})  # a head on this machine: RocksDB
+    assert local.spec.rayClusterConfig.gcsFaultTolerance is not None
+    assert local.spec.rayClusterConfig.gcsFaultTolerance.backend == "rocksdb"
 
 
 def test_gcs_fault_tolerance_is_part_of_the_cluster_shape() -> None:

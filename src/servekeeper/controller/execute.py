@@ -163,7 +163,7 @@ class Executor:
                 started = self.provider.start_head(cluster, config)
                 if started.head_pid is not None:  # spawned within the tick (a local head)
                     cluster = started
-                    self.store.update_cluster(cluster.name, head_pid=cluster.head_pid)
+                    self.store.update_cluster(cluster.name, head_pid=cluster.head_pid, nodes=cluster.nodes)
                     self.hooks.reached("pending-started", cluster)
         except (OSError, ProviderError) as exc:
             self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")

@@ -95,8 +95,9 @@ FT_ENABLED_REASON = (
     "(or backend: rocksdb)"
 )
 GCS_NEEDS_POOL_REASON = (
-    'a head is restarted in place on a host pool only: add "hostPool": "NAME" to the servekeeper.io/extensions '
-    "annotation, or remove it (a head on this machine is not yet started again in place)"
+    'a Redis-backed head is restarted in place on a host pool only: add "hostPool": "NAME" to the '
+    "servekeeper.io/extensions annotation, or use KubeRay 1.7's embedded backend (rocksdb), which a head on "
+    "this machine restarts in place with"
 )
 RAY_VERSION_PATTERN = re.compile(r"^(\d+\.\d+\.\d+)")
 

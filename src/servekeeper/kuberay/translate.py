@@ -210,12 +210,14 @@ class _ServiceTranslation:
                 groups[name]["host"] = host
 
     def fault_tolerance(self, annotations: dict[str, Any], cluster: dict[str, Any], config: dict[str, Any]) -> None:
-        """KubeRay's older `ray.io/ft-enabled` switch means Redis; and a head restarts in place on a
-        host pool only (named in the extensions annotation, which KubeRay has no field for)."""
+        """KubeRay's older `ray.io/ft-enabled` switch means Redis; and a Redis-backed head restarts in
+        place on a host pool only (named in the extensions annotation, which KubeRay has no field
+        for); a RocksDB one on this machine too."""
         path = f'metadata.annotations["{FT_ENABLED_ANNOTATION}"]'
         if str(annotations.get(FT_ENABLED_ANNOTATION, "")).lower() == "true" and GCS_FT_OPTIONS not in cluster:
             self.findings.refuse(path, FT_ENABLED_REASON)
-        if "gcsFaultTolerance" in config and config.get("hostPool") is None:
+        backend = dict(config.get("gcsFaultTolerance") or {}).get("backend")
+        if backend == "redis" and config.get("hostPool") is None:
             self.findings.refuse(f"spec.rayClusterConfig.{GCS_FT_OPTIONS}", GCS_NEEDS_POOL_REASON)
 
     def ingress_port(self, annotations: dict[str, Any], serve_port: Any) -> Any:

@@ -233,11 +233,13 @@ def fractional_resource_problems(config: RayClusterConfigSpec) -> list[str]:
 
 
 def gcs_problems(config: RayClusterConfigSpec) -> list[str]:
-    """GCS fault tolerance restarts a head in place on the pool host it ran on; a head on this
-    machine is not restarted in place yet (checked when applied: a later version may lift it)."""
-    if config.gcsFaultTolerance is not None and config.hostPool is None:
+    """GCS fault tolerance restarts a head in place where it ran: on a pool host with either
+    backend, on this machine with RocksDB (Redis is for heads that may move host, and a head on
+    this machine never does)."""
+    fault_tolerance = config.gcsFaultTolerance
+    if fault_tolerance is not None and fault_tolerance.backend == "redis" and config.hostPool is None:
         return [
-            "spec.rayClusterConfig.gcsFaultTolerance: needs a hostPool for now (a head on this machine "
-            "is not yet started again in place)"
+            "spec.rayClusterConfig.gcsFaultTolerance.backend: redis needs a hostPool (a head on this machine is "
+            "started again in place with its tables in RocksDB: use backend: rocksdb)"
         ]
     return []

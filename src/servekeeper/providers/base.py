@@ -10,12 +10,13 @@ stopped, for the reason its message gives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.endpoint import Endpoint
-from servekeeper.model.records import ClusterRecord
+from servekeeper.model.records import ClusterRecord, NodePlacement
 
 
 class ProviderError(RuntimeError):
@@ -112,3 +113,23 @@ def headers_kwargs(provider: ClusterProvider, cluster: ClusterRecord) -> dict[st
     """Keyword arguments of a Serve API call to `cluster`: its auth headers, when it has any."""
     headers = provider.headers(cluster)
     return {"headers": headers} if headers else {}
+
+
+def with_nodes(cluster: ClusterRecord, nodes: Iterable[NodePlacement]) -> ClusterRecord:
+    """The record with these node records, its head and worker pids read from them."""
+    placed = tuple(nodes)
+    pids = [node.pid for node in placed]
+    return cluster.with_changes(
+        nodes=placed, head_pid=pids[0], worker_pids=tuple(pid for pid in pids[1:] if pid is not None)
+    )
+
+
+def nodes_restarting(cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:
+    """The record with the nodes of these exited processes cleared (no pid, one restart more),
+    to be started again where they were; a head among them leaves `head_pid` unset."""
+    gone = set(pids)
+    nodes = tuple(
+        replace(node, pid=None, session_id=None, restarts=node.restarts + 1) if node.pid in gone else node
+        for node in cluster.nodes
+    )
+    return with_nodes(cluster, nodes)

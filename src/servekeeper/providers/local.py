@@ -17,21 +17,42 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
 import psutil
 
 from servekeeper.core.hooks import Hooks
-from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.endpoint import Endpoint
-from servekeeper.model.records import ClusterRecord
-from servekeeper.providers.base import ClusterRecords, Liveness, PermanentProviderError, ProviderError, RecordChanges
+from servekeeper.model.records import ClusterRecord, NodePlacement
+from servekeeper.providers.base import (
+    ClusterRecords,
+    Liveness,
+    PermanentProviderError,
+    ProviderError,
+    RecordChanges,
+    nodes_restarting,
+    with_nodes,
+)
+from servekeeper.providers.gcs_storage import node_env
+from servekeeper.providers.local_nodes import (
+    NODE_TAG_ENV,
+    check_gcs_kept,
+    head_command,
+    log_names,
+    node_tag,
+    nodes_of,
+    placed_nodes,
+    stop_leftovers,
+    worker_command,
+    worker_groups,
+)
+from servekeeper.providers.node_argv import gcs_storage_dir
 from servekeeper.providers.node_log import TAIL_BYTES, hidden_values, last_lines
 from servekeeper.providers.ports import PortAllocator, wait_for_port
-from servekeeper.providers.ray_start import node_port_args, param_args, resource_args
 from servekeeper.providers.remote.node_agent import UnsafePath, open_log, private_dir
 
 logger = logging.getLogger(__name__)
@@ -41,60 +62,16 @@ KILL_GRACE_SECONDS = 3.0
 HEAD_GCS_WAIT_SECONDS = 60.0
 
 
-def ray_executable() -> str:
-    candidate = Path(sys.executable).parent / "ray"
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which("ray")
-    if found is None:
-        raise ProviderError("the 'ray' command was not found next to this Python or on PATH")
-    return found
-
-
-def head_command(cluster: ClusterRecord, head: HeadGroupSpec) -> list[str]:
-    ports = cluster.ports
-    return [
-        ray_executable(),
-        "start",
-        "--head",
-        "--block",
-        f"--port={ports.gcs}",
-        f"--dashboard-port={ports.dashboard}",
-        "--dashboard-host=127.0.0.1",
-        "--node-ip-address=127.0.0.1",
-        f"--ray-client-server-port={ports.client_server}",
-        *node_port_args(ports.node_ports[0]),
-        f"--temp-dir={cluster.temp_dir}",
-        *resource_args(head),
-        "--disable-usage-stats",
-        *param_args(head.rayStartParams),
-    ]
-
-
-def worker_command(cluster: ClusterRecord, node_index: int, group: WorkerGroupSpec) -> list[str]:
-    return [
-        ray_executable(),
-        "start",
-        "--block",
-        f"--address=127.0.0.1:{cluster.ports.gcs}",
-        "--node-ip-address=127.0.0.1",
-        *node_port_args(cluster.ports.node_ports[node_index]),
-        f"--temp-dir={cluster.temp_dir}",
-        *resource_args(group),
-        "--disable-usage-stats",
-        *param_args(group.rayStartParams),
-    ]
-
-
 OWNER_ENV = "SERVEKEEPER_CLUSTER_LOG_DIR"
 
 
-def _environment(cluster: ClusterRecord, extra: dict[str, str], loopback_only: bool) -> dict[str, str]:
+def _environment(cluster: ClusterRecord, index: int, extra: dict[str, str], loopback_only: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
     env.update(extra)
     # Every process of the cluster inherits this tag, actor workers included: a last-resort
     # way to find stragglers that left the cluster's sessions.
     env[OWNER_ENV] = cluster.log_dir
+    env[NODE_TAG_ENV] = node_tag(cluster, index)  # and of its node: what a node left behind
     if loopback_only:
         # Ray then keeps the node on 127.0.0.1: GCS, raylet and agents bind to loopback only.
         # It also refuses extra nodes, so clusters with worker groups use the host's address.
@@ -194,47 +171,61 @@ class LocalProvider:
                 del self._children[pid]
 
     def start_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
-        """Spawn the head (no waiting); the caller records its pid before anything else."""
+        """Spawn the head (no waiting); the caller records its pid before anything else. A head
+        started again in place (GCS fault tolerance) is left to `start_nodes`: it first stops
+        what the old head left and checks its tables, which takes longer than a tick may."""
+        nodes = nodes_of(cluster)
+        if nodes[0].restarts > 0:
+            return cluster
         private_temp_dir(cluster.temp_dir)
-        env = _environment(cluster, config.head.env, loopback_only=config.worker_count() == 0)
-        pid = self._spawn(head_command(cluster, config.head), env, Path(cluster.log_dir) / "head.log")
+        pid = self._spawn_node(cluster, config, 0)
         logger.info("[%s/%s] head started, pid %d", cluster.service, cluster.name, pid)
-        return cluster.with_changes(head_pid=pid)
+        return with_nodes(cluster, (replace(nodes[0], pid=pid, session_id=pid), *nodes[1:]))
+
+    def _spawn_node(self, cluster: ClusterRecord, config: RayClusterConfigSpec, index: int) -> int:
+        """Start node `index` (0: the head) of the cluster; its pid, also its session id."""
+        log_path = Path(cluster.log_dir) / log_names(config)[index]
+        if index == 0:
+            extra = {**config.head.env, **node_env(config, "head", cluster.name, cluster.temp_dir, None)}
+            env = _environment(cluster, 0, extra, loopback_only=config.worker_count() == 0)
+            return self._spawn(head_command(cluster, config.head), env, log_path)
+        group = worker_groups(config)[index - 1]
+        extra = {**group.env, **node_env(config, "worker", cluster.name, cluster.temp_dir, None)}
+        env = _environment(cluster, index, extra, loopback_only=False)
+        return self._spawn(worker_command(cluster, index, group), env, log_path)
 
     def needs_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> bool:
-        return len(cluster.worker_pids) < config.worker_count()
+        return any(node.pid is None and not node.stopped for node in nodes_of(cluster))
 
     async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
-        """Start the worker raylets not running yet, once the head's GCS accepts connections.
-
-        `record` gets each new pid at once, so a crash never leaves an unknown process.
-        """
-        if len(cluster.worker_pids) >= config.worker_count():
-            return
-        if not await wait_for_port("127.0.0.1", cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
-            raise ProviderError(f"the head's GCS did not open port {cluster.ports.gcs}; see {cluster.log_dir}")
-        node_index = 0
-        for group in config.workerGroups:
-            for _replica in range(group.replicas):
-                node_index += 1
-                if node_index <= len(cluster.worker_pids):
-                    continue
-                command = worker_command(cluster, node_index, group)
-                log_path = Path(cluster.log_dir) / _worker_log_names(cluster)[node_index - 1]
-                pid = self._spawn(command, _environment(cluster, group.env, loopback_only=False), log_path)
-                cluster = cluster.with_changes(worker_pids=cluster.worker_pids + (pid,))
-                record(worker_pids=cluster.worker_pids)
+        """Start the nodes not running yet (the workers; a head started again in place), the
+        workers once the head's GCS accepts connections. `record` gets each new pid at once, so
+        a crash never leaves an unknown process."""
+        nodes = list(nodes_of(cluster))
+        for index, node in enumerate(nodes):
+            if node.pid is not None or node.stopped:
+                continue
+            if index == 0:
+                await asyncio.to_thread(check_gcs_kept, cluster)
+            elif not await wait_for_port("127.0.0.1", cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
+                raise ProviderError(f"the head's GCS did not open port {cluster.ports.gcs}; see {cluster.log_dir}")
+            if node.restarts > 0:  # what the exited node left (its raylet, its ports) goes first
+                await asyncio.to_thread(stop_leftovers, node_tag(cluster, index))
+            private_temp_dir(cluster.temp_dir)
+            pid = self._spawn_node(cluster, config, index)
+            nodes[index] = replace(node, pid=pid, session_id=pid)
+            cluster = with_nodes(cluster, nodes)
+            record(nodes=cluster.nodes, head_pid=cluster.head_pid, worker_pids=cluster.worker_pids)
 
     async def create(
         self, draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords
     ) -> ClusterRecord:
         if config.hostPool is not None:  # only the router chooses; a pool spec never runs here by mistake
             raise PermanentProviderError(f"cluster {draft.name} is for host pool {config.hostPool!r}, not this machine")
-        return store_with_local_ports(draft, config, records)
+        return store_with_local_ports(draft, config, records, placed_nodes)
 
     def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:
-        gone = set(pids)
-        return cluster.with_changes(worker_pids=tuple(pid for pid in cluster.worker_pids if pid not in gone))
+        return nodes_restarting(cluster.with_changes(nodes=nodes_of(cluster)), pids)
 
     async def liveness(self, cluster: ClusterRecord) -> Liveness:
         # Process checks and log reads block: in a worker thread, never on the loop.
@@ -254,7 +245,7 @@ class LocalProvider:
         return cluster.head_pid is not None and self._running(cluster.head_pid, cluster.temp_dir)
 
     def dead_workers(self, cluster: ClusterRecord) -> list[int]:
-        """Worker raylets that were started and are gone."""
+        """Worker nodes that were started and are gone (this machine answers: they exited)."""
         self._reap()
         return [pid for pid in cluster.worker_pids if not self._running(pid, cluster.temp_dir)]
 
@@ -266,8 +257,10 @@ class LocalProvider:
     def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str:
         """The last lines `ray start` logged, for a node that exited: the cause users need."""
         log_name = "head.log"
-        if worker_pid is not None and worker_pid in cluster.worker_pids:
-            log_name = _worker_log_names(cluster)[cluster.worker_pids.index(worker_pid)]
+        pids = [node.pid for node in nodes_of(cluster)]
+        if worker_pid is not None and worker_pid in pids:
+            config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+            log_name = log_names(config)[pids.index(worker_pid)]
         try:
             with open(Path(cluster.log_dir) / log_name, "rb") as log:
                 log.seek(max(0, log.seek(0, os.SEEK_END) - TAIL_BYTES))
@@ -289,6 +282,7 @@ class LocalProvider:
         leftovers = await self._wait_gone(sessions, cluster.log_dir, KILL_GRACE_SECONDS)
         self._reap()
         await asyncio.to_thread(shutil.rmtree, cluster.temp_dir, True)
+        await asyncio.to_thread(shutil.rmtree, gcs_storage_dir(cluster.temp_dir), True)  # GCS FT's tables
         if leftovers:
             logger.warning("[%s/%s] processes survived SIGKILL: %s", cluster.service, cluster.name, leftovers)
         return leftovers
@@ -306,11 +300,17 @@ class LocalProvider:
 
 
 def store_with_local_ports(
-    draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords
+    draft: ClusterRecord,
+    config: RayClusterConfigSpec,
+    records: ClusterRecords,
+    nodes: Callable[[ClusterRecord, RayClusterConfigSpec], tuple[NodePlacement, ...]] | None = None,
 ) -> ClusterRecord:
-    """`draft` with ports free on this machine and taken by no other cluster, stored."""
+    """`draft` with ports free on this machine and taken by no other cluster (and its `nodes`
+    records, placed on those ports), stored."""
     reserved = [port for other in records.list_clusters() for port in other.ports.all_ports()]
     cluster = draft.with_changes(ports=PortAllocator(reserved).cluster(worker_nodes=config.worker_count()))
+    if nodes is not None:
+        cluster = cluster.with_changes(nodes=nodes(cluster, config))
     records.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown
     return cluster
 
@@ -330,7 +330,9 @@ def process_liveness(checks: ProcessChecks, cluster: ClusterRecord) -> Liveness:
         return Liveness(False, [], reason)
     dead = checks.dead_workers(cluster)
     if dead:
-        return Liveness(True, dead, f"worker pid {dead[0]} exited: {checks.exit_reason(cluster, dead[0])}")
+        causes = tuple((pid, checks.exit_reason(cluster, pid)) for pid in dead)
+        # This machine always answers: a worker gone has exited, and may be started again in place.
+        return Liveness(True, dead, f"worker pid {dead[0]} exited: {causes[0][1]}", tuple(dead), exit_causes=causes)
     return Liveness(True, [], None)
 
 
@@ -343,12 +345,6 @@ def _kill_all(sessions: tuple[int, ...], log_dir: str) -> None:
     for process in session_members(sessions) + tagged_processes(log_dir):
         with contextlib.suppress(psutil.Error):
             process.kill()
-
-
-def _worker_log_names(cluster: ClusterRecord) -> list[str]:
-    """Log file of each worker node, in the order the nodes are started (and their pids stored)."""
-    config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
-    return [f"worker-{group.name}-{replica}.log" for group in config.workerGroups for replica in range(group.replicas)]
 
 
 def _our_sessions(cluster: ClusterRecord) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ from servekeeper.core.placement import free_room, node_needs, place
 from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec
 from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.hostpool import HostPoolSpec, HostSpec
-from servekeeper.model.records import ClusterRecord, NodePlacement
+from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import (
     ClusterRecords,
     Liveness,
@@ -31,6 +31,8 @@ from servekeeper.providers.base import (
     ProviderError,
     RecordChanges,
     RetryableProviderError,
+    nodes_restarting,
+    with_nodes,
 )
 from servekeeper.providers.cluster_token import (
     auth_headers,
@@ -212,14 +214,7 @@ class PoolProvider:
         return True  # which nodes run is known on their hosts only: `start_nodes` looks
 
     def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:
-        gone = set(pids)
-        nodes = tuple(
-            replace(node, pid=None, session_id=None, restarts=node.restarts + 1) if node.pid in gone else node
-            for node in cluster.nodes
-        )
-        worker_pids = tuple(pid for pid in cluster.worker_pids if pid not in gone)
-        head_pid = None if cluster.head_pid in gone else cluster.head_pid  # a head started again in place
-        return cluster.with_changes(nodes=nodes, worker_pids=worker_pids, head_pid=head_pid)
+        return nodes_restarting(cluster, pids)
 
     async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
         """Start the nodes not running yet, head first; each node's pid is recorded as it runs.
@@ -242,7 +237,7 @@ class PoolProvider:
             env = {**groups[index].env, **node_env(config, role, cluster.name, nodes[0].temp_dir, storage)}
             started = await ssh.start_node(node.host, role, argv, node.temp_dir, node.ports, token_path, env)
             nodes[index] = replace(node, pid=started.pid, session_id=started.session_id)
-            updated = _with_nodes(cluster, nodes)
+            updated = with_nodes(cluster, nodes)
             record(**self._launched(original, updated))
             return updated
 
@@ -375,12 +370,3 @@ def _groups_per_node(config: RayClusterConfigSpec) -> list[HeadGroupSpec]:
     for group in config.workerGroups:
         groups += [group] * group.replicas
     return groups
-
-
-def _with_nodes(cluster: ClusterRecord, nodes: list[NodePlacement]) -> ClusterRecord:
-    pids = [node.pid for node in nodes]
-    return cluster.with_changes(
-        nodes=tuple(nodes),
-        head_pid=pids[0],
-        worker_pids=tuple(pid for pid in pids[1:] if pid is not None),
-    )

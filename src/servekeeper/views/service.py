@@ -35,7 +35,7 @@ def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffi
         "address": cluster.gcs_address,
         "dashboardUrl": cluster.dashboard_url,
         "hostPool": cluster.pool,  # None: on the controller's machine
-        "headHost": cluster.nodes[0].host if cluster.nodes else None,
+        "headHost": cluster.nodes[0].host if cluster.nodes and cluster.pool else None,  # a pool host
         "serveUrl": cluster.serve_url,
         "trafficPercent": traffic_percent,
         "headPid": cluster.head_pid,

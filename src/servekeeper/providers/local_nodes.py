@@ -1,0 +1,160 @@
+"""A local cluster's nodes as records, like a pool cluster's: where each runs (this machine, its
+ports, the cluster's temp dir), its pid once started, and its restarts. With them the planner
+starts an exited local worker again where it was, and, with GCS fault tolerance, the head, on
+the same ports and with the same RocksDB tables, as it does on a pool.
+
+Each node's processes carry a tag of their own (its log's path) in their environment: what a
+node left behind when its `ray start` was killed (a raylet, a gcs_server holding the head's
+ports) is found by it and stopped before the node starts again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+
+from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, WorkerGroupSpec
+from servekeeper.model.records import ClusterRecord, NodePlacement
+from servekeeper.providers.base import PermanentProviderError, ProviderError, RetryableProviderError
+from servekeeper.providers.node_argv import gcs_storage_dir
+from servekeeper.providers.ray_start import node_port_args, param_args, resource_args
+
+LOCAL_HOST = "localhost"  # the host name of every node of a cluster on this machine
+NODE_TAG_ENV = "SERVEKEEPER_NODE_LOG"
+LEFTOVER_WAIT_SECONDS = 3.0
+
+
+def ray_executable() -> str:
+    candidate = Path(sys.executable).parent / "ray"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("ray")
+    if found is None:
+        raise ProviderError("the 'ray' command was not found next to this Python or on PATH")
+    return found
+
+
+def head_command(cluster: ClusterRecord, head: HeadGroupSpec) -> list[str]:
+    ports = cluster.ports
+    return [
+        ray_executable(),
+        "start",
+        "--head",
+        "--block",
+        f"--port={ports.gcs}",
+        f"--dashboard-port={ports.dashboard}",
+        "--dashboard-host=127.0.0.1",
+        "--node-ip-address=127.0.0.1",
+        f"--ray-client-server-port={ports.client_server}",
+        *node_port_args(ports.node_ports[0]),
+        f"--temp-dir={cluster.temp_dir}",
+        *resource_args(head),
+        "--disable-usage-stats",
+        *param_args(head.rayStartParams),
+    ]
+
+
+def worker_command(cluster: ClusterRecord, node_index: int, group: WorkerGroupSpec) -> list[str]:
+    return [
+        ray_executable(),
+        "start",
+        "--block",
+        f"--address=127.0.0.1:{cluster.ports.gcs}",
+        "--node-ip-address=127.0.0.1",
+        *node_port_args(cluster.ports.node_ports[node_index]),
+        f"--temp-dir={cluster.temp_dir}",
+        *resource_args(group),
+        "--disable-usage-stats",
+        *param_args(group.rayStartParams),
+    ]
+
+
+def placed_nodes(cluster: ClusterRecord, config: RayClusterConfigSpec) -> tuple[NodePlacement, ...]:
+    """The cluster's nodes, head first, each on its own ports of `cluster.ports`; none started."""
+    roles = ["head"] + ["worker"] * config.worker_count()
+    return tuple(
+        NodePlacement(
+            host=LOCAL_HOST,
+            address="127.0.0.1",
+            role=role,
+            ports=cluster.ports.node_ports[index],
+            temp_dir=cluster.temp_dir,
+        )
+        for index, role in enumerate(roles)
+    )
+
+
+def nodes_of(cluster: ClusterRecord) -> tuple[NodePlacement, ...]:
+    """The cluster's node records. One stored before local clusters had them gets them from its
+    pids, in the order its nodes were started (each pid is also its node's session id)."""
+    if cluster.nodes:
+        return cluster.nodes
+    nodes = placed_nodes(cluster, RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json))
+    pids = [cluster.head_pid, *cluster.worker_pids]
+    return tuple(
+        replace(node, pid=pids[index], session_id=pids[index]) if index < len(pids) else node
+        for index, node in enumerate(nodes)
+    )
+
+
+def worker_groups(config: RayClusterConfigSpec) -> list[WorkerGroupSpec]:
+    """The worker group of each worker node, in node order (node 1 is the first worker)."""
+    return [group for group in config.workerGroups for _replica in range(group.replicas)]
+
+
+def log_names(config: RayClusterConfigSpec) -> list[str]:
+    """Each node's log file in the cluster's log dir, head first: a node started again appends."""
+    workers = [f"worker-{group.name}-{n}.log" for group in config.workerGroups for n in range(group.replicas)]
+    return ["head.log", *workers]
+
+
+def node_tag(cluster: ClusterRecord, index: int) -> str:
+    config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+    return os.path.join(cluster.log_dir, log_names(config)[index])
+
+
+def stop_leftovers(tag: str) -> None:
+    """SIGKILL what is left of a node whose `ray start` exited (found by its tag), and wait for
+    it to be gone: a second node must never start beside the first (its ports, its GCS store).
+    Blocks: run it in a worker thread."""
+    deadline = time.monotonic() + LEFTOVER_WAIT_SECONDS
+    while True:
+        left = _tagged(tag)
+        if not left:
+            return
+        if time.monotonic() >= deadline:
+            raise RetryableProviderError(
+                f"processes {[p.pid for p in left]} of the node logging to {tag} did not stop; not starting it again"
+            )
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        time.sleep(0.1)
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if process.info["status"] != psutil.STATUS_ZOMBIE and process.environ().get(NODE_TAG_ENV) == tag:
+                found.append(process)
+    return found
+
+
+def check_gcs_kept(cluster: ClusterRecord) -> None:
+    """A head started again in place needs its RocksDB tables (Ray writes the session's name
+    there at the first start): without them it would come up as a new, empty cluster with none
+    of the service's apps, so it is not started (the cluster stays down and is replaced)."""
+    storage = gcs_storage_dir(cluster.temp_dir)
+    if not os.path.isfile(os.path.join(storage, "session_name")):
+        raise PermanentProviderError(
+            f"the GCS state of the head of {cluster.name} is gone ({storage}): "
+            "it is not started again on an empty store"
+        )
