@@ -86,8 +86,9 @@ def test_pending_clusters_that_cannot_come_up_fail_the_rollout_and_v1_keeps_serv
         bad_param = hello_spec("sturdy", port, head_cpus=2)
         bad_param["spec"]["rayClusterConfig"]["head"]["rayStartParams"] = {"object-store-memory": "lots"}
         fails(bad_param, "object-store-memory")
-        # A worker node that dies while the head is fine.
-        dying_worker = hello_spec("sturdy", port, head_cpus=2)
+        # A worker node that dies while the head is fine: started again in place, it keeps dying
+        # (no CPU on the head: the app needs the worker, so the cluster cannot get ready meanwhile).
+        dying_worker = hello_spec("sturdy", port, head_cpus=0)
         dying_worker["spec"]["rayClusterConfig"]["workerGroups"] = [
             {"name": "cpu", "replicas": 1, "numCpus": 1, "rayStartParams": {"object-store-memory": "lots"}}
         ]
@@ -158,8 +159,9 @@ def test_with_gcs_fault_tolerance_a_killed_head_and_worker_are_started_again_in_
     assert len(sk.submissions()) == puts, "Serve recovered its apps from the GCS: no PUT"
     wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/extra", timeout=5).text == "extra", 60, "the run-time app")
     assert result.by_method["POST"] > 0
-    # A head started again, not replaced (a replacement from nothing takes 33-42 s on one machine).
-    assert set(result.failures) <= {"HTTP 502", "HTTP 503", "timeout"}, result.failures
+    # Serve's proxy runs on the head only here: requests fail until it is back (502 in flight,
+    # 503 while no endpoint answers, a timeout for one the dying proxy held).
+    assert {kind.split(":")[0] for kind in result.failures} <= {"HTTP 502", "HTTP 503", "timeout"}, result.failures
 
     (worker,) = now["workerPids"]
     kill_local_cluster(worker)
@@ -167,5 +169,6 @@ def test_with_gcs_fault_tolerance_a_killed_head_and_worker_are_started_again_in_
     wait_until(lambda: sk.get("kept")["activeCluster"]["workerPids"] not in ([], [worker]), 60, "a new worker pid")
     wait_until(lambda: sk.condition("kept", "Ready")["status"] == "True", 60, "Ready with the worker back")
     nodes = json.loads(sk.clusters()[0]["nodes_json"])
-    assert [(node["role"], node["restarts"]) for node in nodes] == [("head", 1), ("worker", 1)], nodes
+    # Once, or more: on a busy machine a node started again can time out in its own start.
+    assert [node["role"] for node in nodes] == ["head", "worker"] and min(n["restarts"] for n in nodes) >= 1, nodes
     assert [c["name"] for c in sk.clusters()] == [cluster["name"]] and len(sk.submissions()) == puts

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -118,6 +119,13 @@ CASES = [
         False,
         "RoutesMissing",
         id="route-missing",
+    ),
+    pytest.param(
+        replace(observed(serve_status(router=("RUNNING", D), models=("RUNNING", D))), nodes_starting=1),
+        True,
+        False,
+        "NodesStarting",
+        id="a-worker-being-started-again",
     ),
     pytest.param(observed(None), False, False, "DashboardUnreachable", id="dashboard-down"),
     pytest.param(observed(None, alive=False), False, False, "HeadDead", id="head-dead"),

@@ -4,10 +4,13 @@ store, never beside a process of the old one."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord
+from servekeeper.providers.base import launched_into
 from servekeeper.providers.node_argv import GCS_RECONNECT_SECONDS, gcs_storage_dir
 from tests.unit.test_controller import make_spec
 from tests.unit.test_pool_clusters import PoolWorld, world
@@ -90,3 +93,34 @@ async def test_a_node_is_not_started_again_beside_a_process_of_the_old_one(world
     await world.tick()
     reason = world.service().failure_reason or ""
     assert "[4242]" in reason and "did not stop; not starting it again" in reason, reason
+
+
+async def test_a_serving_head_whose_gcs_store_is_gone_is_not_tried_again(world: PoolWorld) -> None:
+    shape = {"hostPool": "fleet", "head": {"numCpus": 2}, "gcsFaultTolerance": {"backend": "rocksdb"}}
+    active = await world.roll_out(make_spec(rayClusterConfig=shape, serviceUnhealthySecondThreshold=86400))
+    head = active.nodes[0]
+    world.fleet.gcs_lost.add(gcs_storage_dir(head.temp_dir))
+    launches = world.fleet.calls.count(("launch", head.temp_dir))
+    for _ in range(120):  # two minutes of ticks: a permanent error is not retried
+        world.pools._liveness.clear()
+        world.fleet.running.pop(head.temp_dir, None)  # the head exited (and stays gone); host a answers
+        await world.tick()
+        await world.background_settled()
+        world.clock.advance(1)
+    assert world.fleet.calls.count(("launch", head.temp_dir)) == launches, "no head on an empty store"
+    [failed] = [e.message for e in world.events() if e.reason == "NodeStartFailed"]
+    assert "is gone" in failed and "not tried again" in failed, failed
+
+
+async def test_a_start_under_way_keeps_a_restart_a_tick_recorded_meanwhile(world: PoolWorld) -> None:
+    """A start records every node as it knows them; a tick that cleared another node's pid
+    meanwhile (it exited: started again) must not see that pid come back."""
+    pending = await _kept_pending(world)
+    head, worker = pending.nodes
+    cleared = world.controller.executor.provider.restarted(world.cluster(pending.name), [worker.pid or -1])
+    world.store.update_cluster(pending.name, nodes=cleared.nodes, worker_pids=cleared.worker_pids)
+    # A start that began from the record before the restart, and launched the head again.
+    relaunched = (replace(head, pid=999, session_id=999), worker)
+    merged = launched_into(world.cluster(pending.name), pending, relaunched)
+    assert merged.nodes[0].pid == 999 and merged.head_pid == 999
+    assert merged.nodes[1].pid is None and merged.nodes[1].restarts == 1 and merged.worker_pids == ()

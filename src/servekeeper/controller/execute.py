@@ -28,7 +28,7 @@ from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterPorts, ClusterRecord, Event, NodePlacement, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.providers.base import ClusterProvider, ProviderError
+from servekeeper.providers.base import ClusterProvider, PermanentProviderError, ProviderError, launched_into
 from servekeeper.providers.local import local_temp_dir
 from servekeeper.rayapi.serve_api import ServeClient
 from servekeeper.store.store import Store
@@ -176,6 +176,11 @@ class Executor:
 
         def record(**changes: Any) -> None:
             nonlocal head_started
+            if "nodes" in changes:  # only the nodes this start launched: a tick may have cleared others
+                current = self.store.get_cluster(cluster.name) or cluster
+                merged = launched_into(current, cluster, changes["nodes"])
+                changes = {**changes, "nodes": merged.nodes, "head_pid": merged.head_pid}
+                changes["worker_pids"] = merged.worker_pids
             updated = self.store.update_cluster(cluster.name, **changes)
             if updated.head_pid is not None and cluster.head_pid is None:
                 if not head_started and updated.nodes and updated.nodes[0].restarts > 0:
@@ -193,7 +198,7 @@ class Executor:
             if current is not None and current.role not in (ClusterRole.PENDING, ClusterRole.STANDBY):
                 # A node of a serving cluster started again: the cluster stays (one node short,
                 # unhealthy, replaced after the threshold); the start is tried again after a pause.
-                message = f"{cluster.name}: {exc}; {self._start_failed(cluster)}"
+                message = f"{cluster.name}: {exc}; {self._start_failed(cluster, exc)}"
                 logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, message)
                 event = Event(cluster.service, self.clock(), "Warning", "NodeStartFailed", message)
                 self.store.add_events([event])
@@ -208,18 +213,22 @@ class Executor:
         message = f"the head of {cluster.name} runs again on host {head.host} (pid {head.pid}) with its GCS state"
         self.store.add_events([Event(cluster.service, self.clock(), "Normal", "HeadRestarted", message)])
 
-    def _start_failed(self, cluster: ClusterRecord) -> str:
+    def _start_failed(self, cluster: ClusterRecord, error: Exception) -> str:
         """Schedule the next try of a node start that failed; what the event says of it. Each
         try counts as a restart of the nodes still down (`_retry_due`): one budget per node,
         MAX_WORKER_RESTARTS over its cluster's life whatever the cause, kept in the record
-        across controller restarts; spent, the node stays down and the cluster's health says so."""
+        across controller restarts; spent, the node stays down and the cluster's health says so.
+        A permanent error (a head's GCS tables gone) is not tried again: waiting will not mend it."""
         current = self.store.get_cluster(cluster.name) or cluster
         tries = max((node.restarts for node in _down(current)), default=0)
         failures = self.start_retries.get(cluster.name, (0, 0.0))[0] + 1
+        if isinstance(error, PermanentProviderError):
+            self.start_retries[cluster.name] = (failures, math.inf)
+            return "not tried again (waiting will not mend it): the node stays down"
         if tries >= MAX_WORKER_RESTARTS:
             self.start_retries[cluster.name] = (failures, math.inf)
             return f"no tries left (restart {tries} of at most {MAX_WORKER_RESTARTS}): the node stays down"
-        # (the exponent capped: a count without a restart budget, a local cluster's, keeps growing)
+        # (the exponent capped: a count without a restart budget, a record without nodes, keeps growing)
         delay = min(START_RETRY_FIRST_SECONDS * 2 ** min(failures - 1, 16), START_RETRY_MAX_SECONDS)
         self.start_retries[cluster.name] = (failures, self.clock() + delay)
         return f"trying again in {delay:g}s (restart {tries} of at most {MAX_WORKER_RESTARTS})"
@@ -376,6 +385,6 @@ class Executor:
 
 
 def _down(cluster: ClusterRecord) -> list[NodePlacement]:
-    """The nodes of a cluster on a pool not running (their start failed, or is due): workers, and
-    a head started again in place (GCS fault tolerance)."""
+    """The nodes of a cluster not running (their start failed, or is due): workers, and a head
+    started again in place (GCS fault tolerance)."""
     return [node for node in cluster.nodes if node.pid is None and not node.stopped]

@@ -190,6 +190,7 @@ class Observer:
             routes=routes,
             deployed_config_hash=self._deployed_config_hash(cluster, service, spec, apps),
             target_capacity=capacity,
+            nodes_starting=sum(1 for node in cluster.nodes[1:] if node.pid is None and not node.stopped),
         )
 
     def _deployed_config_hash(

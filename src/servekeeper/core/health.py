@@ -96,6 +96,9 @@ def readiness(
     if not healthy.ok:
         return healthy
     assert observation.apps is not None  # health() checked it
+    if observation.nodes_starting:
+        count = observation.nodes_starting
+        return Verdict(False, "NodesStarting", f"{count} worker node(s) not running yet (being started)")
     judged = judged_apps(observation.apps, declared, include_imperative)
     for name in sorted(declared):
         if name not in judged:

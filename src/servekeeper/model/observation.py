@@ -87,6 +87,9 @@ class ClusterObservation:
     # such a host has been silent, on every look since.
     silent_workers: int = 0
     workers_silent_since: float | None = None
+    # Worker nodes recorded but not running now (being started, or started again after they
+    # exited): a cluster is not ready while any is, even if its apps already run without them.
+    nodes_starting: int = 0
     error: str | None = None
     # Which of the configs servekeeper submitted Ray runs now, judged from deployed_app_config.
     deployed_config_hash: str | None = None

@@ -155,9 +155,10 @@ class CanaryState:
 
 @dataclass(frozen=True)
 class NodePlacement:
-    """One node of a cluster on a pool's host: where it goes (written before it starts), and
-    the `ray start` process once it runs (its pid is also its session id on that host), and
-    whether a deletion stopped it for sure (it takes no room on its host any more)."""
+    """One node of a cluster, on a pool's host or on this machine (`localhost`): where it goes
+    (written before it starts), the `ray start` process once it runs (its pid is also its
+    session id on that host), and whether a deletion stopped it for sure (it takes no room on
+    its host any more)."""
 
     host: str
     address: str
@@ -213,7 +214,8 @@ class ClusterRecord:
     # set when a canary's capacity follows its traffic.
     target_capacity: float | None = None
     pool: str | None = None  # the HostPool it runs on (None: this machine)
-    nodes: tuple[NodePlacement, ...] = ()  # with a pool: head first, then the workers
+    # Head first, then the workers (empty in records of local clusters stored before they had them)
+    nodes: tuple[NodePlacement, ...] = ()
     takeover_started_at: float | None = None  # a warm standby began scaling up to replace a dead active
 
     def with_changes(self, **changes: Any) -> ClusterRecord:

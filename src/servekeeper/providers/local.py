@@ -200,7 +200,8 @@ class LocalProvider:
     async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
         """Start the nodes not running yet (the workers; a head started again in place), the
         workers once the head's GCS accepts connections. `record` gets each new pid at once, so
-        a crash never leaves an unknown process."""
+        a crash never leaves an unknown process; it gets every node as this start knows them,
+        and the controller keeps only those this start launched (`launched_into`)."""
         nodes = list(nodes_of(cluster))
         for index, node in enumerate(nodes):
             if node.pid is not None or node.stopped:
@@ -209,13 +210,14 @@ class LocalProvider:
                 await asyncio.to_thread(check_gcs_kept, cluster)
             elif not await wait_for_port("127.0.0.1", cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
                 raise ProviderError(f"the head's GCS did not open port {cluster.ports.gcs}; see {cluster.log_dir}")
-            if node.restarts > 0:  # what the exited node left (its raylet, its ports) goes first
-                await asyncio.to_thread(stop_leftovers, node_tag(cluster, index))
+            # What an exited node left (its raylet, its ports; or a start cut short by a crash
+            # before its pid was recorded) goes first: never a second node beside the first.
+            await asyncio.to_thread(stop_leftovers, node_tag(cluster, index))
             private_temp_dir(cluster.temp_dir)
             pid = self._spawn_node(cluster, config, index)
             nodes[index] = replace(node, pid=pid, session_id=pid)
             cluster = with_nodes(cluster, nodes)
-            record(nodes=cluster.nodes, head_pid=cluster.head_pid, worker_pids=cluster.worker_pids)
+            record(nodes=cluster.nodes)
 
     async def create(
         self, draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords

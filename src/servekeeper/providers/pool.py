@@ -31,6 +31,7 @@ from servekeeper.providers.base import (
     ProviderError,
     RecordChanges,
     RetryableProviderError,
+    launched_into,
     nodes_restarting,
     with_nodes,
 )
@@ -270,11 +271,8 @@ class PoolProvider:
     def _launched(self, original: ClusterRecord, updated: ClusterRecord) -> dict[str, Any]:
         """Only the nodes this start launched, into the record as stored now: a tick may have
         cleared another node's pid meanwhile (a restart), which must not come back."""
-        current = self.store.get_cluster(updated.name) or updated
-        launched = {i for i, (a, b) in enumerate(zip(original.nodes, updated.nodes, strict=True)) if a.pid != b.pid}
-        nodes = tuple(updated.nodes[i] if i in launched else node for i, node in enumerate(current.nodes))
-        pids = [node.pid for node in nodes]
-        return {"nodes": nodes, "head_pid": pids[0], "worker_pids": tuple(pid for pid in pids[1:] if pid is not None)}
+        merged = launched_into(self.store.get_cluster(updated.name) or updated, original, updated.nodes)
+        return {"nodes": merged.nodes, "head_pid": merged.head_pid, "worker_pids": merged.worker_pids}
 
     async def liveness(self, cluster: ClusterRecord) -> Liveness:
         """Whether the head lives, which workers do not (and of those, which exited on a host

@@ -77,7 +77,8 @@ def restart_exited_heads(ctx: PlanContext) -> None:
 def restart_workers(ctx: PlanContext, cluster: ClusterRecord, exited: tuple[int, ...]) -> ClusterRecord:
     """Worker nodes whose process exited are started again where they were (as KubeRay
     recreates a worker pod): the cluster is not replaced for a lost worker. Only nodes
-    recorded with their placement (a host pool's) can be, each at most MAX_WORKER_RESTARTS
+    recorded with their placement (any cluster's but a local one stored before local clusters
+    had node records) can be, each at most MAX_WORKER_RESTARTS
     times: one that keeps exiting stays dead (the rollout fails, or the active cluster is
     replaced after the unhealthy threshold)."""
     gone = restartable(cluster, exited)
