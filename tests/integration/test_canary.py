@@ -318,7 +318,9 @@ def test_promote_full_abort_and_undo_to_a_revision_after_the_window(shared: Shar
 
 def test_a_controller_killed_mid_pause_resumes_the_same_step_and_remaining_pause(shared: Shared) -> None:
     analysis = {"interval": "3s", "minRequests": 10, "successRate": {"min": 0.9}, "failureLimit": 1}
-    steps = [{"setWeight": 40}, {"pause": {"duration": "25s"}}]
+    # A pause long enough for an interval to pass after the restart, even when `up` is slow (a
+    # CI run on a busy machine saw the 25 s pause end first, and no interval after the restart).
+    steps = [{"setWeight": 40}, {"pause": {"duration": "35s"}}]
     applied = time.time()
     with Load(shared.url, clients=12) as load:
         shared.sk.apply(shared.spec("v8", steps=steps, analysis=analysis))
@@ -338,7 +340,7 @@ def test_a_controller_killed_mid_pause_resumes_the_same_step_and_remaining_pause
         assert shared.sk.wait(NAME, timeout=120) == 0
         switched, _ = shared.wait_event("TrafficSwitched", applied, timeout=5)
         result = load.stop()
-    assert abs(switched - (before["stepStartedAt"] + 25)) < 3, "the pause ended when the stored one said"
+    assert abs(switched - (before["stepStartedAt"] + 35)) < 3, "the pause ended when the stored one said"
     assert result.failed == 0, result.failures
     weights = [message for _, message in shared.events("CanaryWeight", applied)]
     assert len(weights) == 1, f"the weight was set once, not reset by the restart: {weights}"
@@ -390,7 +392,7 @@ def test_capacity_follows_traffic_keeps_the_replica_sum_within_one_step(shared: 
             time.sleep(0.3)
         result = load.stop()
     assert shared.sk.wait(NAME, timeout=10) == 0
-    assert samples > 50
+    assert samples > 25, "the replicas were looked at all through the rollout (every 0.3 s and a look's time)"
     assert peak <= 4 + 1, f"{peak} replicas running at once: 4 declared + 25% of 4 (one step)"
     assert result.failed == 0, result.failures
     assert set(result.bodies) >= {"v10"}
