@@ -213,7 +213,7 @@ class LocalProvider:
             # What an exited node left (its raylet, its ports; or a start cut short by a crash
             # before its pid was recorded) goes first: never a second node beside the first.
             await asyncio.to_thread(stop_leftovers, node_tag(cluster, index))
-            private_temp_dir(cluster.temp_dir)
+            # (the temp dir is not checked again: the head's first start made it, and Ray opened it)
             pid = self._spawn_node(cluster, config, index)
             nodes[index] = replace(node, pid=pid, session_id=pid)
             cluster = with_nodes(cluster, nodes)
