@@ -89,6 +89,9 @@ def test_pending_clusters_that_cannot_come_up_fail_the_rollout_and_v1_keeps_serv
         # A worker node that dies while the head is fine: started again in place, it keeps dying
         # (no CPU on the head: the app needs the worker, so the cluster cannot get ready meanwhile).
         dying_worker = hello_spec("sturdy", port, head_cpus=0)
+        # (a CPU for the replica: the code asks none, and would run on the head without the worker)
+        replica = [{"name": "Hello", "ray_actor_options": {"num_cpus": 1}}]
+        dying_worker["spec"]["serveConfig"]["applications"][0]["deployments"] = replica
         dying_worker["spec"]["rayClusterConfig"]["workerGroups"] = [
             {"name": "cpu", "replicas": 1, "numCpus": 1, "rayStartParams": {"object-store-memory": "lots"}}
         ]

@@ -41,6 +41,7 @@ from servekeeper.providers.gcs_storage import node_env
 from servekeeper.providers.local_nodes import (
     NODE_TAG_ENV,
     check_gcs_kept,
+    forget_running_cluster,
     head_command,
     log_names,
     node_tag,
@@ -208,6 +209,7 @@ class LocalProvider:
                 continue
             if index == 0:
                 await asyncio.to_thread(check_gcs_kept, cluster)
+                forget_running_cluster(cluster.temp_dir)
             elif not await wait_for_port("127.0.0.1", cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
                 raise ProviderError(f"the head's GCS did not open port {cluster.ports.gcs}; see {cluster.log_dir}")
             # What an exited node left (its raylet, its ports; or a start cut short by a crash

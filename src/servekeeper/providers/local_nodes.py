@@ -148,6 +148,15 @@ def _tagged(tag: str) -> list[psutil.Process]:
     return found
 
 
+def forget_running_cluster(temp_dir: str) -> None:
+    """Before a head starts again: `ray start --head` refuses to start where its temp dir names a
+    running cluster at its address ("already running"), and finds one in any process naming
+    `--gcs-address=` that address: the surviving workers' raylets do, on this machine. The note
+    of the last cluster started goes (the workers do not need it: they are given the address)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(temp_dir, "ray_current_cluster"))
+
+
 def check_gcs_kept(cluster: ClusterRecord) -> None:
     """A head started again in place needs its RocksDB tables (Ray writes the session's name
     there at the first start): without them it would come up as a new, empty cluster with none
