@@ -18,6 +18,7 @@ from servekeeper.providers.local_nodes import (
     LOCAL_HOST,
     NODE_TAG_ENV,
     check_gcs_kept,
+    forget_running_cluster,
     log_names,
     node_tag,
     nodes_of,
@@ -115,3 +116,11 @@ def test_what_an_exited_node_left_is_found_by_its_tag_and_stopped(tmp_path: Path
         other.wait()
         left.kill()
         left.wait()
+
+
+def test_the_note_of_the_running_cluster_goes_before_a_head_starts_again(tmp_path: Path) -> None:
+    note = tmp_path / "ray_current_cluster"
+    note.write_text("127.0.0.1:6379")
+    forget_running_cluster(str(tmp_path))
+    assert not note.exists()
+    forget_running_cluster(str(tmp_path))  # none: nothing to do
