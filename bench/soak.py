@@ -3,7 +3,8 @@ descriptors flat, nothing left behind (process, port, temp dir).
 
     .venv/bin/python -m bench.soak [--upgrades 20] [--clients 16]
 
-A CI-sized variant (4 upgrades) runs in tests/integration/test_soak.py.
+A CI-sized variant (2 upgrades, 32 clients, replicas 8 s from ready) runs in
+tests/integration/test_soak.py.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def run_soak(upgrades: int, clients: int, ready_delay: float = 2.0) -> dict[str,
                 )
             snapshot()
         result = load.result
+        drained = sk.events("soak").count("ClusterDrained")
     finally:
         leftovers = sk.down_and_check_nothing_left()
     left_temp_dirs = [c["temp_dir"] for c in every_cluster.values() if Path(c["temp_dir"]).exists()]
@@ -76,6 +78,8 @@ def run_soak(upgrades: int, clients: int, ready_delay: float = 2.0) -> dict[str,
         "requests_ok": result.ok,
         "failed": result.failed,
         "failures_by_kind": dict(result.failures),
+        "old_answers_after_switch": _old_answers_after_switch(result.timeline, upgrades),
+        "clusters_drained": drained,
         "samples": samples,
         "rss_growth_mb": round(samples[-1]["controller_rss_mb"] - samples[0]["controller_rss_mb"], 1),
         "fd_growth": samples[-1]["controller_fds"] - samples[0]["controller_fds"],
@@ -84,6 +88,16 @@ def run_soak(upgrades: int, clients: int, ready_delay: float = 2.0) -> dict[str,
         "leftover_temp_dirs": left_temp_dirs,
         "ports_still_bound": busy_ports,
     }
+
+
+def _old_answers_after_switch(timeline: list[tuple[float, str]], upgrades: int) -> list[int]:
+    """Per upgrade, how many answers of the old version came after the first of the new one: the
+    switch is atomic, so only requests already in flight (at most one per client) can."""
+    counts = []
+    for version in range(2, upgrades + 2):
+        first_new = min(t for t, body in timeline if body == f"v{version}")
+        counts.append(sum(1 for t, body in timeline if body == f"v{version - 1}" and t > first_new))
+    return counts
 
 
 def _ports(cluster: dict[str, Any]) -> list[int]:

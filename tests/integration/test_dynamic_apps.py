@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +27,7 @@ from servekeeper.testing.load import Load
 pytestmark = pytest.mark.ray
 
 CLIENTS = 32
+UNHEALTHY_THRESHOLD_S = 3
 
 
 def ray_apps(view: dict[str, Any]) -> dict[str, Any]:
@@ -31,10 +36,28 @@ def ray_apps(view: dict[str, Any]) -> dict[str, Any]:
     return dict(httpx.get(url, timeout=10).json()["applications"])
 
 
-def test_a_failed_run_time_app_neither_blocks_nor_replaces_the_service(sk: Servekeeper) -> None:
-    port = free_port()
+@dataclass
+class Registry:
+    sk: Servekeeper
+    port: int
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """One daemon and one registry service for the next three tests, which run in order (a failed
+    run-time app, a controller kill then an in-place change, then judging every app)."""
+    sk = Servekeeper(Path(tempfile.mkdtemp(prefix="skstate-")), tmp_path_factory.mktemp("registry"))
     sk.up()
-    sk.apply(registry_spec(port, unhealthy_threshold=3))
+    try:
+        yield Registry(sk, free_port())
+    finally:
+        leftovers = sk.down_and_check_nothing_left()
+        assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def test_a_failed_run_time_app_neither_blocks_nor_replaces_the_service(registry: Registry) -> None:
+    sk, port = registry.sk, registry.port
+    sk.apply(registry_spec(port, unhealthy_threshold=UNHEALTHY_THRESHOLD_S))
     assert sk.wait("registry") == 0
     view = sk.get("registry")
     apps = view["activeCluster"]["applications"]
@@ -51,23 +74,15 @@ def test_a_failed_run_time_app_neither_blocks_nor_replaces_the_service(sk: Serve
     assert sk.get("registry")["pendingCluster"] is None
     assert "ClusterUnhealthy" not in sk.events("registry")
 
-    # Judging every app: the same service is not Ready, and says which app blocks it.
-    sk.apply(registry_spec(port, applications="all"))
-    wait_until(lambda: sk.condition("registry", "Ready")["status"] == "False", 30, "Ready to turn False")
-    ready = sk.condition("registry", "Ready")
-    assert "model-broken-upload" in ready["message"]
 
-
-def test_controller_kill9_then_in_place_change_leaves_run_time_apps_untouched(sk: Servekeeper) -> None:
-    port = free_port()
-    sk.up()
-    sk.apply(registry_spec(port))
-    assert sk.wait("registry") == 0
+def test_controller_kill9_then_in_place_change_leaves_run_time_apps_untouched(registry: Registry) -> None:
+    sk, port = registry.sk, registry.port
     before = ray_apps(sk.get("registry"))
     answers = {url: httpx.get(url).json() for url in model_urls(port)}
 
     sk.kill_controller()
     sk.up()
+    # (the default threshold again, as it was: 300 s)
     sk.apply(registry_spec(port, version="v1-patched"))
     assert sk.wait("registry") == 0
     wait_until(lambda: httpx.get(model_urls(port)[0]).json()["router"] == "v1-patched", 60, "the patched router")
@@ -80,6 +95,14 @@ def test_controller_kill9_then_in_place_change_leaves_run_time_apps_untouched(sk
     for url, answer in answers.items():
         assert {**httpx.get(url).json(), "router": "v1"} == answer
     assert len(sk.submissions()) == 2, "only the first config and the change were submitted"
+
+
+def test_judging_every_app_makes_the_service_unready_naming_the_failed_one(registry: Registry) -> None:
+    sk, port = registry.sk, registry.port
+    sk.apply(registry_spec(port, version="v1-patched", applications="all"))
+    wait_until(lambda: sk.condition("registry", "Ready")["status"] == "False", 30, "Ready to turn False")
+    ready = sk.condition("registry", "Ready")
+    assert "model-broken-upload" in ready["message"]
 
 
 def test_registry_upgrade_waits_for_the_probe_and_drops_nothing() -> None:

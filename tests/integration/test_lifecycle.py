@@ -1,8 +1,13 @@
-"""Real Ray clusters, the real ingress, a real SQLite store: apply, change in place, delete."""
+"""Real Ray clusters, the real ingress, a real SQLite store: one service's life on one daemon, in
+order: the first apply, a change in place, a shape change held back by `upgradeStrategy: None`,
+then delete."""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -13,17 +18,40 @@ from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, pid_
 
 pytestmark = pytest.mark.ray
 
+NAME = "hello"
 
-def test_first_apply_serves_through_the_ingress_and_reports_status(sk: Servekeeper, tmp_path: Path) -> None:
-    port = free_port()
+
+class Service:
+    def __init__(self, sk: Servekeeper, workdir: Path) -> None:
+        self.sk = sk
+        self.port = free_port()
+        # A value a shell would execute: it must reach Ray as plain data.
+        self.shell_was_used = workdir / "shell-was-used"
+
+    def spec(self, msg: str, **overrides: Any) -> dict[str, Any]:
+        document = hello_spec(NAME, self.port, msg=msg, **overrides)
+        evil = f"$(touch {self.shell_was_used}); `touch {self.shell_was_used}`"
+        document["spec"]["rayClusterConfig"]["head"]["env"] = {"EVIL": evil}
+        return document
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    workdir = tmp_path_factory.mktemp("lifecycle")
+    sk = Servekeeper(Path(tempfile.mkdtemp(prefix="skstate-")), workdir)
     sk.up()
-    canary = tmp_path / "shell-was-used"
-    document = hello_spec("hello", port, msg="v1")
-    # A value a shell would execute: it must reach Ray as plain data.
-    document["spec"]["rayClusterConfig"]["head"]["env"] = {"EVIL": f"$(touch {canary}); `touch {canary}`"}
-    sk.apply(document)
+    try:
+        yield Service(sk, workdir)
+    finally:
+        leftovers = sk.down_and_check_nothing_left()
+        assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def test_first_apply_serves_through_the_ingress_and_reports_status(service: Service) -> None:
+    sk, port = service.sk, service.port
+    sk.apply(service.spec("v1"))
     assert sk.wait("hello") == 0
-    assert not canary.exists()
+    assert not service.shell_was_used.exists()
 
     assert httpx.get(f"http://127.0.0.1:{port}/").text == "v1"
     view = sk.get("hello")
@@ -66,17 +94,14 @@ def test_first_apply_serves_through_the_ingress_and_reports_status(sk: Servekeep
     assert "ClusterCreating" in sk.cli("events", "hello").stdout
 
 
-def test_serve_config_change_applies_in_place_and_is_never_resubmitted(sk: Servekeeper) -> None:
-    port = free_port()
-    sk.up()
-    sk.apply(hello_spec("inplace", port, msg="v1"))
-    assert sk.wait("inplace") == 0
-    first_cluster = sk.get("inplace")["activeCluster"]["name"]
+def test_serve_config_change_applies_in_place_and_is_never_resubmitted(service: Service) -> None:
+    sk, port = service.sk, service.port
+    first_cluster = sk.get("hello")["activeCluster"]["name"]
 
-    sk.apply(hello_spec("inplace", port, msg="v1-patched"))
-    assert sk.wait("inplace") == 0
+    sk.apply(service.spec("v1-patched"))
+    assert sk.wait("hello") == 0
     wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/").text == "v1-patched", 60, "the patched response")
-    view = sk.get("inplace")
+    view = sk.get("hello")
     assert view["generation"] == 2
     assert view["activeCluster"]["name"] == first_cluster, "a Serve-config-only change must not roll a cluster"
     assert [c["name"] for c in sk.clusters()] == [first_cluster]
@@ -85,27 +110,24 @@ def test_serve_config_change_applies_in_place_and_is_never_resubmitted(sk: Serve
     submissions_before = sk.submissions()
     sk.kill_controller()
     sk.up()
-    assert sk.wait("inplace") == 0
+    assert sk.wait("hello") == 0
     assert sk.submissions() == submissions_before
     assert len(submissions_before) == 2  # v1 then v1-patched, once each
 
 
-def test_upgrade_strategy_none_reports_outdated_and_delete_stops_everything(sk: Servekeeper) -> None:
-    port = free_port()
-    sk.up()
-    sk.apply(hello_spec("frozen", port, upgradeStrategy={"type": "None"}))
-    assert sk.wait("frozen") == 0
+def test_upgrade_strategy_none_reports_outdated_and_delete_stops_everything(service: Service) -> None:
+    sk, port = service.sk, service.port
     cluster = sk.clusters()[0]
 
-    sk.apply(hello_spec("frozen", port, head_cpus=2, upgradeStrategy={"type": "None"}))
-    assert sk.wait("frozen", timeout=60) == 1
-    outdated = sk.condition("frozen", "ClusterSpecOutdated")
+    sk.apply(service.spec("v1-patched", head_cpus=2, upgradeStrategy={"type": "None"}))
+    assert sk.wait("hello", timeout=60) == 1
+    outdated = sk.condition("hello", "ClusterSpecOutdated")
     assert outdated["status"] == "True"
     assert "upgradeStrategy" in outdated["message"]
     assert [c["name"] for c in sk.clusters()] == [cluster["name"]], "no new cluster may be created"
-    assert httpx.get(f"http://127.0.0.1:{port}/").text == "v1"
+    assert httpx.get(f"http://127.0.0.1:{port}/").text == "v1-patched"
 
-    sk.cli("delete", "frozen")
+    sk.cli("delete", "hello")
     wait_until(lambda: sk.clusters() == [], 60, "the service's clusters to be deleted")
     wait_until(lambda: not pid_alive(cluster["head_pid"]), 10, "the head to exit")
     wait_until(
@@ -113,7 +135,7 @@ def test_upgrade_strategy_none_reports_outdated_and_delete_stops_everything(sk: 
         10,
         "the route to be removed",
     )
-    assert "frozen" not in sk.cli("get").stdout
+    assert "hello" not in sk.cli("get").stdout
 
 
 def _listening(port: int) -> bool:
