@@ -50,12 +50,12 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 def test_first_apply_serves_through_the_ingress_and_reports_status(service: Service) -> None:
     sk, port = service.sk, service.port
     sk.apply(service.spec("v1"))
-    assert sk.wait("hello") == 0
+    assert sk.wait(NAME) == 0
     assert not service.shell_was_used.exists()
 
     assert httpx.get(f"http://127.0.0.1:{port}/").text == "v1"
-    view = sk.get("hello")
-    assert view["name"] == "hello"
+    view = sk.get(NAME)
+    assert view["name"] == NAME
     assert view["generation"] == view["observedGeneration"] == 1
     conditions = {c["type"]: c for c in view["conditions"]}
     assert conditions["Ready"]["status"] == "True"
@@ -89,19 +89,19 @@ def test_first_apply_serves_through_the_ingress_and_reports_status(service: Serv
     ]
     assert exposed == [], f"cluster sockets not on loopback: {exposed}"
     # Human-readable commands work on the same state.
-    described = sk.cli("describe", "hello").stdout
+    described = sk.cli("describe", NAME).stdout
     assert "Ready" in described and "hello" in described and "TrafficSwitched" in described
-    assert "ClusterCreating" in sk.cli("events", "hello").stdout
+    assert "ClusterCreating" in sk.cli("events", NAME).stdout
 
 
 def test_serve_config_change_applies_in_place_and_is_never_resubmitted(service: Service) -> None:
     sk, port = service.sk, service.port
-    first_cluster = sk.get("hello")["activeCluster"]["name"]
+    first_cluster = sk.get(NAME)["activeCluster"]["name"]
 
     sk.apply(service.spec("v1-patched"))
-    assert sk.wait("hello") == 0
+    assert sk.wait(NAME) == 0
     wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/").text == "v1-patched", 60, "the patched response")
-    view = sk.get("hello")
+    view = sk.get(NAME)
     assert view["generation"] == 2
     assert view["activeCluster"]["name"] == first_cluster, "a Serve-config-only change must not roll a cluster"
     assert [c["name"] for c in sk.clusters()] == [first_cluster]
@@ -110,7 +110,7 @@ def test_serve_config_change_applies_in_place_and_is_never_resubmitted(service: 
     submissions_before = sk.submissions()
     sk.kill_controller()
     sk.up()
-    assert sk.wait("hello") == 0
+    assert sk.wait(NAME) == 0
     assert sk.submissions() == submissions_before
     assert len(submissions_before) == 2  # v1 then v1-patched, once each
 
@@ -120,14 +120,14 @@ def test_upgrade_strategy_none_reports_outdated_and_delete_stops_everything(serv
     cluster = sk.clusters()[0]
 
     sk.apply(service.spec("v1-patched", head_cpus=2, upgradeStrategy={"type": "None"}))
-    assert sk.wait("hello", timeout=60) == 1
-    outdated = sk.condition("hello", "ClusterSpecOutdated")
+    assert sk.wait(NAME, timeout=60) == 1
+    outdated = sk.condition(NAME, "ClusterSpecOutdated")
     assert outdated["status"] == "True"
     assert "upgradeStrategy" in outdated["message"]
     assert [c["name"] for c in sk.clusters()] == [cluster["name"]], "no new cluster may be created"
     assert httpx.get(f"http://127.0.0.1:{port}/").text == "v1-patched"
 
-    sk.cli("delete", "hello")
+    sk.cli("delete", NAME)
     wait_until(lambda: sk.clusters() == [], 60, "the service's clusters to be deleted")
     wait_until(lambda: not pid_alive(cluster["head_pid"]), 10, "the head to exit")
     wait_until(
@@ -135,7 +135,7 @@ def test_upgrade_strategy_none_reports_outdated_and_delete_stops_everything(serv
         10,
         "the route to be removed",
     )
-    assert "hello" not in sk.cli("get").stdout
+    assert NAME not in sk.cli("get").stdout
 
 
 def _listening(port: int) -> bool:
