@@ -9,16 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import psutil
 import pytest
 
-from servekeeper.dataplane import Backend, DataPlane, ServiceRoute
+from servekeeper.dataplane import Backend, DataPlane, Endpoint, ServiceRoute
 from servekeeper.dataplane.admin import AdminClient, ProcessConfig
 from servekeeper.providers.ports import PortAllocator
 from tests.dataplane.upstream import Upstream
 
 PlaneFactory = Callable[..., Awaitable[DataPlane]]
 UpstreamFactory = Callable[[str], Awaitable[Upstream]]
+GrpcFactory = Callable[[str], Awaitable["GrpcUpstream"]]
 
 
 def kill_envoys_under(state_dir: Path) -> list[int]:
@@ -39,6 +41,43 @@ async def upstream() -> AsyncIterator[UpstreamFactory]:
 
     async def make(name: str) -> Upstream:
         server = await Upstream(name).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        await server.stop()
+
+
+class GrpcUpstream:
+    """A gRPC server whose one method `/echo.Echo/Say` answers `<name>:<request>` (raw bytes in and
+    out: a generic handler, no generated code)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.server = grpc.aio.server()
+        self.endpoint = Endpoint("127.0.0.1", free_port())
+
+    async def start(self) -> GrpcUpstream:
+        async def say(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            return self.name.encode() + b":" + request
+
+        handler = grpc.method_handlers_generic_handler("echo.Echo", {"Say": grpc.unary_unary_rpc_method_handler(say)})
+        self.server.add_generic_rpc_handlers((handler,))
+        self.server.add_insecure_port(f"{self.endpoint.host}:{self.endpoint.port}")
+        await self.server.start()
+        return self
+
+    async def stop(self) -> None:
+        await self.server.stop(None)
+
+
+@pytest.fixture
+async def grpc_server() -> AsyncIterator[GrpcFactory]:
+    started: list[GrpcUpstream] = []
+
+    async def make(name: str) -> GrpcUpstream:
+        server = await GrpcUpstream(name).start()
         started.append(server)
         return server
 

@@ -2,46 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-
 import grpc
-import pytest
 
-from servekeeper.dataplane import Backend, Endpoint
-from tests.dataplane.conftest import PlaneFactory, UpstreamFactory, free_port, route
-
-GrpcFactory = Callable[[str], Awaitable[Endpoint]]
-
-
-@pytest.fixture
-async def grpc_server() -> AsyncIterator[GrpcFactory]:
-    servers: list[grpc.aio.Server] = []
-
-    async def make(name: str) -> Endpoint:
-        async def say(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            return name.encode() + b":" + request
-
-        # A generic handler without serializers: raw bytes in and out, no generated code.
-        handler = grpc.method_handlers_generic_handler("echo.Echo", {"Say": grpc.unary_unary_rpc_method_handler(say)})
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers((handler,))
-        port = free_port()
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        servers.append(server)
-        return Endpoint("127.0.0.1", port)
-
-    yield make
-    for server in servers:
-        await server.stop(None)
+from servekeeper.dataplane import Backend
+from tests.dataplane.conftest import GrpcFactory, PlaneFactory, UpstreamFactory, free_port, route
 
 
 async def test_grpc_before_and_after_switch(
     make_plane: PlaneFactory, upstream: UpstreamFactory, grpc_server: GrpcFactory
 ) -> None:
     http_a, http_b = await upstream("a"), await upstream("b")
-    a = Backend("a", (http_a.endpoint,), (await grpc_server("a"),))
-    b = Backend("b", (http_b.endpoint,), (await grpc_server("b"),))
+    a = Backend("a", (http_a.endpoint,), ((await grpc_server("a")).endpoint,))
+    b = Backend("b", (http_b.endpoint,), ((await grpc_server("b")).endpoint,))
     plane = await make_plane()
     port, grpc_port = free_port(), free_port()
     await plane.set_route(route("svc", port, [a], {"a": 100}, grpc_port=grpc_port))

@@ -16,8 +16,9 @@ from servekeeper.model.routing import HeaderMatch
 ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=3, sock_connect=1)
 # Only cluster stats of ours; the histogram buckets come along for latency figures. A backend
 # with a standby behind it has its answers (codes, upstream_rq_time) counted on its failover
-# cluster, its requests and in-flight on its HTTP cluster: each stat on one of them, so they add.
-STATS_QUERY = "/stats?format=json&histogram_buckets=cumulative&filter=^cluster\\.(http|grpc|preview|failover)-"
+# cluster, its requests and in-flight on its HTTP cluster (gRPC alike): each stat on one of
+# them, so they add.
+STATS_QUERY = "/stats?format=json&histogram_buckets=cumulative&filter=^cluster\\.(http|grpc|preview|(grpc)?failover)-"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from servekeeper.dataplane.model import Backend, ServiceRoute
 from servekeeper.dataplane.names import (
     CIRCUIT_LIMIT,
     CLUSTER_TYPE,
-    FAILOVER,
+    FAILOVER_KIND,
     GRPC,
     HEALTH_PATH,
     HTTP,
@@ -67,11 +67,11 @@ def _outlier_detection() -> Resource:
     }
 
 
-def render_failover_cluster(backend: str, standby: str) -> Resource:
-    """The backend's HTTP cluster first, the standby's when it has no healthy endpoint left."""
+def render_failover_cluster(backend: str, standby: str, protocol: str = HTTP) -> Resource:
+    """The backend's HTTP (or gRPC) cluster first, the standby's when it has no healthy endpoint left."""
     return {
         "@type": CLUSTER_TYPE,
-        "name": cluster_name(FAILOVER, backend),
+        "name": cluster_name(FAILOVER_KIND[protocol], backend),
         "connect_timeout": "1s",
         "lb_policy": "CLUSTER_PROVIDED",
         # The route's retries count against this cluster's breaker: Envoy's default (3 retries at
@@ -81,7 +81,7 @@ def render_failover_cluster(backend: str, standby: str) -> Resource:
             "name": "envoy.clusters.aggregate",
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig",
-                "clusters": [cluster_name(HTTP, backend), cluster_name(HTTP, standby)],
+                "clusters": [cluster_name(protocol, backend), cluster_name(protocol, standby)],
             },
         },
     }
@@ -89,7 +89,7 @@ def render_failover_cluster(backend: str, standby: str) -> Resource:
 
 def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Resource:
     """The backend's HTTP or gRPC cluster; a PREVIEW cluster is its HTTP cluster under another name.
-    `fails_over`: a standby stands behind its HTTP cluster (see `_outlier_detection`)."""
+    `fails_over`: a standby stands behind it (see `_outlier_detection`)."""
     endpoints: tuple[Endpoint, ...] = backend.grpc if kind == GRPC else backend.http
     name = cluster_name(kind, backend.name)
     if kind != GRPC:
@@ -99,7 +99,7 @@ def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Res
         # Serve's gRPC proxy has no standard health service: a connect check ejects a dead node.
         health_check = {"tcp_health_check": {}}
         upstream_protocol = {"http2_protocol_options": {}}
-    extra: Resource = {"outlier_detection": _outlier_detection()} if fails_over and kind == HTTP else {}
+    extra: Resource = {"outlier_detection": _outlier_detection()} if fails_over and kind != PREVIEW else {}
     return {
         "@type": CLUSTER_TYPE,
         "name": name,
@@ -137,17 +137,31 @@ def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Res
     }
 
 
+def failover_target(route: ServiceRoute, backend: str, protocol: str) -> str | None:
+    """The standby that takes `backend`'s traffic of `protocol` when it refuses connections: only
+    for a backend that is not the standby, and for gRPC only when both speak it on a gRPC route."""
+    if route.standby is None or backend == route.standby:
+        return None
+    if protocol == GRPC:
+        speaks = {b.name for b in route.backends if b.grpc}
+        if route.grpc_port is None or not {backend, route.standby} <= speaks:
+            return None
+    return route.standby
+
+
 def render_clusters(routes: Iterable[ServiceRoute]) -> dict[str, Resource]:
     clusters: dict[str, Resource] = {}
     for route in routes:
         for backend in route.backends:
-            fails_over = route.standby is not None and backend.name != route.standby
+            fails_over = failover_target(route, backend.name, HTTP) is not None
             clusters[cluster_name(HTTP, backend.name)] = render_cluster(HTTP, backend, fails_over)
-            if fails_over:
-                assert route.standby is not None
-                clusters[cluster_name(FAILOVER, backend.name)] = render_failover_cluster(backend.name, route.standby)
             if route.grpc_port is not None and backend.grpc:
-                clusters[cluster_name(GRPC, backend.name)] = render_cluster(GRPC, backend)
+                grpc_fails_over = failover_target(route, backend.name, GRPC) is not None
+                clusters[cluster_name(GRPC, backend.name)] = render_cluster(GRPC, backend, grpc_fails_over)
+            for protocol in (HTTP, GRPC):
+                if (standby := failover_target(route, backend.name, protocol)) is not None:
+                    failover = render_failover_cluster(backend.name, standby, protocol)
+                    clusters[cluster_name(FAILOVER_KIND[protocol], backend.name)] = failover
             if route.preview_port is not None:
                 clusters[cluster_name(PREVIEW, backend.name)] = render_cluster(PREVIEW, backend)
     return dict(sorted(clusters.items()))

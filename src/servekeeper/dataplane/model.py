@@ -58,8 +58,9 @@ class ServiceRoute:
     # tests before any user traffic moves), whatever its weight; with no backend it answers 503.
     preview_port: int | None = None
     preview_backend: str | None = None
-    # A hot standby: a backend listed with weight 0 that takes the HTTP traffic of any other
-    # backend the moment that one refuses connections (a dead head), without waiting for a tick.
+    # A hot standby: a backend listed with weight 0 that takes the HTTP (and, when it has gRPC
+    # endpoints, the gRPC) traffic of any other backend the moment that one refuses connections
+    # (a dead head), without waiting for a tick.
     standby: str | None = None
     # Requests matching `header_route` go to `header_backend` (HTTP), whatever the weights.
     header_route: HeaderMatch | None = None

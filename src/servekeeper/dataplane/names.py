@@ -17,9 +17,11 @@ HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.Http
 
 HTTP, GRPC = "http", "grpc"
 PREVIEW = "preview"  # the preview port's listener and route config, and its clusters
-# "failover-<backend>": an aggregate of the backend's HTTP cluster, then the standby's
-FAILOVER = "failover"
-CLUSTER_KINDS = (HTTP, GRPC, PREVIEW, FAILOVER)
+# "failover-<backend>": an aggregate of the backend's HTTP cluster, then the standby's;
+# "grpcfailover-<backend>": the same of their gRPC clusters
+FAILOVER, GRPC_FAILOVER = "failover", "grpcfailover"
+CLUSTER_KINDS = (HTTP, GRPC, PREVIEW, FAILOVER, GRPC_FAILOVER)
+FAILOVER_KIND = {HTTP: FAILOVER, GRPC: GRPC_FAILOVER}  # a protocol's main cluster kind -> its failover kind
 HEALTH_PATH = "/-/healthz"  # what Ray Serve's HTTP proxy answers 200 on while it takes traffic
 # Shorter than the keep-alive of Serve's proxy (uvicorn, 90 s), so Envoy is always the side that
 # closes an idle upstream connection; otherwise a request can race the upstream's close and fail.

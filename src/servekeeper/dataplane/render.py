@@ -5,7 +5,8 @@ Every service gets a listener on 127.0.0.1 whose routes come from RDS (a file of
 moving weights changes only the route file and never the listener: a listener change would drain
 and close the clients' connections, an RDS change keeps them. Every backend gets an Envoy cluster
 per protocol. Names: listener and route config "http-<service>" / "grpc-<service>", cluster
-"http-<backend>" / "grpc-<backend>".
+"http-<backend>" / "grpc-<backend>"; behind a hot standby, the route points at "failover-<backend>"
+/ "grpcfailover-<backend>", aggregates of the backend's cluster and then the standby's.
 
 A service with a preview port gets one more HTTP listener, "preview-<service>", with a route file
 of its own that sends everything to the preview backend (or answers 503 when there is none); since
@@ -26,9 +27,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from servekeeper.dataplane.clusters import failover_target
 from servekeeper.dataplane.model import ServiceRoute
 from servekeeper.dataplane.names import (
-    FAILOVER,
+    FAILOVER_KIND,
     GRPC,
     HCM_TYPE,
     HTTP,
@@ -97,8 +99,8 @@ def _forward(target: Resource, route: ServiceRoute, failover: bool = False) -> R
 
 def render_route_config(protocol: str, route: ServiceRoute) -> Resource:
     def target(backend: str) -> str:
-        if protocol == HTTP and route.standby is not None and backend != route.standby:
-            return cluster_name(FAILOVER, backend)
+        if failover_target(route, backend, protocol) is not None:
+            return cluster_name(FAILOVER_KIND[protocol], backend)
         return cluster_name(protocol, backend)
 
     weighted = [
@@ -106,7 +108,7 @@ def render_route_config(protocol: str, route: ServiceRoute) -> Resource:
         for backend in route.backends
         if protocol == HTTP or backend.grpc
     ]
-    failover = protocol == HTTP and route.standby is not None
+    failover = any(failover_target(route, backend.name, protocol) is not None for backend in route.backends)
     entries = [_forward({"weighted_clusters": {"clusters": weighted}}, route, failover)]
     if protocol == HTTP and route.mirror is not None:
         # The same weights for the copied methods, plus the copy; the other methods skip it.
