@@ -1,12 +1,14 @@
-"""A head killed under load on one machine: replaced (today's default), a warm standby, a hot
-standby; side by side, alternating in one run.
+"""A head killed under load on one machine: replaced (today's default), GCS fault tolerance
+(RocksDB, the head started again in place), a warm standby, a hot standby; side by side,
+alternating in one run.
 
 One daemon. Each round applies a service in one mode (replace rounds use
 serviceUnhealthySecondThreshold 5), waits until it is Ready (and its standby ready), measures the
 memory of the standby's processes, puts `--clients` closed-loop clients (GETs and POSTs, no
 resend) through the ingress, SIGKILLs every process of the active cluster, and measures until the
-service is Ready again on another cluster and `--settle` seconds more: requests failed by kind,
-the longest time without any answer, the time until Ready again. Then the service is deleted.
+service is Ready again (on another cluster; with GCS FT on the same one, its head started again)
+and `--settle` seconds more: requests failed by kind, the longest time without any answer, the
+time until Ready again. Then the service is deleted.
 
     .venv/bin/python -m bench.standby_failover [--rounds 2] [--clients 32]
 """
@@ -32,16 +34,19 @@ from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, kill
 from servekeeper.testing.load import Load
 
 NAME = "failover"
-MODES = ("replace", "warm", "hot")
+MODES = ("replace", "gcs", "warm", "hot")
 
 
 def spec(port: int, mode: str) -> dict[str, Any]:
     extra: dict[str, Any] = {"rayClusterDeletionDelaySeconds": 5}
     if mode == "replace":
         extra["serviceUnhealthySecondThreshold"] = 5
-    else:
+    elif mode != "gcs":
         extra["standby"] = {"mode": mode}
-    return hello_spec(NAME, port, msg=mode, **extra)
+    document = hello_spec(NAME, port, msg=mode, **extra)
+    if mode == "gcs":
+        document["spec"]["rayClusterConfig"]["gcsFaultTolerance"] = {"backend": "rocksdb"}
+    return document
 
 
 def cluster_rss_mb(head_pid: int) -> float:
@@ -62,12 +67,13 @@ def one_round(sk: Servekeeper, mode: str, clients: int, settle: float) -> dict[s
     sk.cli("apply", "-f", str(path))
     assert sk.wait(NAME, timeout=300) == 0, sk.cli("events", NAME).stdout[-2000:]
     standby_rss = 0.0
-    if mode != "replace":
+    if mode in ("warm", "hot"):
         wait_until(lambda: sk.api_get(NAME)["standby"] == "ready", 300, "the standby ready")
         time.sleep(3)  # its replicas (hot) or its controllers (warm) settled
         standby_rss = cluster_rss_mb(sk.api_get(NAME)["standbyCluster"]["headPid"])
     active = sk.api_get(NAME)["activeCluster"]
     active_rss = cluster_rss_mb(active["headPid"])
+    restarts_before = sk.events(NAME).count("HeadRestarted")
     with Load(f"http://127.0.0.1:{port}/", clients=clients, timeout=10) as load:
         wait_until(lambda: load.result.ok > 100, 30, "load to start")
         killed_at = time.time()
@@ -76,10 +82,15 @@ def one_round(sk: Servekeeper, mode: str, clients: int, settle: float) -> dict[s
         def recovered() -> bool:
             view = sk.api_get(NAME)
             ready = any(c["type"] == "Ready" and c["status"] == "True" for c in view["conditions"])
-            return ready and (view["activeCluster"] or {}).get("name") not in (None, active["name"])
+            now = view["activeCluster"] or {}
+            if mode == "gcs":  # the same cluster, its head started again
+                restarted = sk.events(NAME).count("HeadRestarted") > restarts_before
+                return ready and restarted and now.get("headPid") not in (None, active["headPid"])
+            return ready and now.get("name") not in (None, active["name"])
 
-        wait_until(recovered, 300, "Ready again on another cluster")
+        wait_until(recovered, 300, "Ready again")
         ready_again_s = time.time() - killed_at
+        same_cluster = sk.api_get(NAME)["activeCluster"]["name"] == active["name"]
         time.sleep(settle)
         result = load.stop()
         stopped_at = time.time()
@@ -96,6 +107,7 @@ def one_round(sk: Servekeeper, mode: str, clients: int, settle: float) -> dict[s
         "by_method": dict(result.by_method),
         "longest_without_answer_s": round(gap, 2),
         "ready_again_s": round(ready_again_s, 1),
+        "same_cluster": same_cluster,
         "active_rss_mb": active_rss,
         "standby_rss_mb": standby_rss,
     }

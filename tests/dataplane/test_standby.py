@@ -32,6 +32,13 @@ def test_the_active_reaches_the_standby_through_an_aggregate_cluster_and_ejects_
     assert clusters["http-a"]["outlier_detection"]["consecutive_local_origin_failure"] == 1
     assert clusters["http-a"]["outlier_detection"]["enforcing_consecutive_5xx"] == 0, "an app's 5xx never fails over"
     assert "outlier_detection" not in clusters["http-s"]
+    # A silent active (its host cut off) is ejected as fast as one node of several, and the
+    # requests hung on it fail at once instead of at their clients' timeouts; a lone cluster with
+    # nothing behind it keeps the generous timing.
+    assert clusters["http-a"]["close_connections_on_host_health_failure"]
+    assert clusters["http-a"]["health_checks"][0]["timeout"] == "2s"
+    assert not clusters["http-s"]["close_connections_on_host_health_failure"]
+    assert clusters["http-s"]["health_checks"][0]["timeout"] == "3s"
     weighted = render_route_configs([standing])["http-svc"]["virtual_hosts"][0]["routes"][0]["route"]
     assert weighted["weighted_clusters"]["clusters"] == [
         {"name": "failover-a", "weight": 100},

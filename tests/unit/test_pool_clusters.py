@@ -187,8 +187,10 @@ def draft(name: str, config: RayClusterConfigSpec) -> ClusterRecord:
     )
 
 
-async def started(pools: PoolProvider, store: Store, name: str, config: RayClusterConfigSpec) -> ClusterRecord:
-    cluster = await pools.new_record(draft(name, config), config, store)
+async def started(
+    pools: PoolProvider, store: Store, name: str, config: RayClusterConfigSpec, service: str | None = None
+) -> ClusterRecord:
+    cluster = await pools.new_record(replace(draft(name, config), service=service or name), config, store)
     pools.put_new(cluster, store)
 
     def record(**changes: Any) -> None:
@@ -237,6 +239,21 @@ def test_a_node_stored_before_the_stopped_flag_reads_as_not_stopped() -> None:
 
 
 # -- what is left behind -----------------------------------------------------------------------------
+
+
+async def test_a_services_second_cluster_goes_where_its_first_is_not(tmp_path: Path, store: Store) -> None:
+    """A standby (or an upgrade's cluster) is placed away from the active's hosts while room
+    allows, even where another host has more room; another service's cluster is not held back."""
+    store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 8), ("b", 4))).to_json(), 1.0)
+    pools = PoolProvider(store, tmp_path, ssh_nodes=FakeFleet())
+    head_only = pool_spec(workers=0, cpus=1).spec.rayClusterConfig
+    active = await started(pools, store, "svc-1", head_only, service="svc")
+    assert [node.host for node in active.nodes] == ["a"]
+    standby = await pools.new_record(replace(draft("svc-2", head_only), service="svc"), head_only, store)
+    assert [node.host for node in standby.nodes] == ["b"]
+    other = await pools.new_record(draft("other", head_only), head_only, store)
+    assert [node.host for node in other.nodes] == ["a"], "the most room, for a cluster of another service"
+    await pools.close()
 
 
 async def test_a_changed_pool_closes_the_connections_of_hosts_that_changed(tmp_path: Path, store: Store) -> None:

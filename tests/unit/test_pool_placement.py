@@ -46,6 +46,25 @@ def test_what_does_not_fit_is_named_with_what_each_host_has_free() -> None:
     assert "free: a 3 CPU/0 GPU/8.0 GiB, b 4 CPU" in shortfall  # the head already took one on a
 
 
+def test_the_hosts_of_the_services_other_clusters_are_taken_last() -> None:
+    """A standby (or an upgrade's new cluster) goes where the active is not, while room allows:
+    the loss of the active's host leaves it standing. Without room elsewhere they are shared."""
+    shape = config(head={"numCpus": 1}, workerGroups=[{"name": "w", "replicas": 1, "numCpus": 1}])
+    # Host a has the most room, yet the active runs there.
+    pool = rooms(("a", 8, 0, 8), ("b", 2, 0, 8), ("c", 2, 0, 8))
+    assert place(node_needs(shape), pool) == ["a", "b"]
+    assert place(node_needs(shape), pool, avoid=frozenset({"a"})) == ["b", "c"]
+    assert place(node_needs(shape), pool, avoid=frozenset({"a", "b"})) == ["c", "c"]
+    assert place(node_needs(shape), rooms(("a", 8, 0, 8), ("b", 1, 0, 8)), avoid=frozenset({"a"})) == ["b", "a"]
+    # A pin outranks the preference; the search (a pinned worker) keeps it too.
+    pinned = config(head={"numCpus": 1, "host": "a"}, workerGroups=[{"name": "w", "replicas": 1, "numCpus": 1}])
+    assert place(node_needs(pinned), pool, avoid=frozenset({"a", "b"})) == ["a", "c"]
+    even = rooms(("a", 4, 0, 8), ("b", 4, 0, 8), ("c", 4, 0, 8))
+    searched = config(head={"numCpus": 2}, workerGroups=[{"name": "w", "replicas": 1, "numCpus": 4, "host": "a"}])
+    assert place(node_needs(searched), even) == ["b", "a"]
+    assert place(node_needs(searched), even, avoid=frozenset({"b"})) == ["c", "a"]
+
+
 def test_pinned_to_a_host_outside_the_pool() -> None:
     shortfall = place(node_needs(config(head={"host": "z"})), FLEET)
     assert isinstance(shortfall, str) and "pinned to host 'z', which is not in the pool" in shortfall

@@ -128,22 +128,24 @@ SEARCH_MAX_NODES = 256
 _SLACK = 1e-9  # float sums: the room kept for later pinned nodes is never judged short by a rounding
 
 
-def place(needs: list[NodeNeed], room: dict[str, HostRoom]) -> list[str] | str:
+def place(needs: list[NodeNeed], room: dict[str, HostRoom], avoid: frozenset[str] = frozenset()) -> list[str] | str:
     """A host per node, spread (each node goes where this cluster has the fewest nodes so far,
-    then where most CPU is free), or what is short, for `InsufficientCapacity`.
+    then where most CPU is free), or what is short, for `InsufficientCapacity`. Hosts in `avoid`
+    (those the service's other clusters run on) are taken last: a standby, or an upgrade's new
+    cluster, on other hosts than the active survives the loss of the active's hosts.
 
     When the greedy pass in the nodes' order places every node, that is the answer. When it
     does not (a node took the room a later one needed: an unpinned head on the host a worker is
     pinned to), a search over hosts finds a placement whenever one exists (within SEARCH_TRIES),
     still preferring hosts the same way; the shortfall named is still the greedy pass's."""
-    greedy = _place_greedily(needs, room)
+    greedy = _place_greedily(needs, room, avoid)
     if not isinstance(greedy, str) or len(needs) > SEARCH_MAX_NODES:
         return greedy
-    found = _Search(needs, room).run()
+    found = _Search(needs, room, avoid).run()
     return greedy if found is None else found
 
 
-def _place_greedily(needs: list[NodeNeed], room: dict[str, HostRoom]) -> list[str] | str:
+def _place_greedily(needs: list[NodeNeed], room: dict[str, HostRoom], avoid: frozenset[str]) -> list[str] | str:
     room = dict(room)
     mine: dict[str, int] = dict.fromkeys(room, 0)
     chosen = []
@@ -152,7 +154,7 @@ def _place_greedily(needs: list[NodeNeed], room: dict[str, HostRoom]) -> list[st
         fitting = [name for name in candidates if name in room and _fits(room[name], need)]
         if not fitting:
             return _shortfall(index, need, room)
-        best = min(fitting, key=lambda name: (mine[name], -room[name].cpus, name))
+        best = min(fitting, key=lambda name: (name in avoid, mine[name], -room[name].cpus, name))
         room[best] = _minus(room[best], need)
         mine[best] += 1
         chosen.append(best)
@@ -170,7 +172,8 @@ class _Search:
     of them is tried, and a state (next node, the rooms) found to lead nowhere is not explored
     again in another order or on another such host. The answer is in the nodes' own order."""
 
-    def __init__(self, needs: list[NodeNeed], room: dict[str, HostRoom]) -> None:
+    def __init__(self, needs: list[NodeNeed], room: dict[str, HostRoom], avoid: frozenset[str]) -> None:
+        self.avoid = avoid
         self.order = sorted(
             range(len(needs)),
             key=lambda i: (needs[i].pinned is None, -needs[i].gpus, -needs[i].cpus, -needs[i].memory_bytes, i),
@@ -254,7 +257,7 @@ class _Search:
     def _candidates(self, index: int, need: NodeNeed) -> list[str]:
         kept = self.kept[index + 1]
         fitting = [name for name in self._allowed(need) if _leaves(self.room[name], need, kept.get(name))]
-        fitting.sort(key=lambda name: (self.mine[name], -self.room[name][0], name))
+        fitting.sort(key=lambda name: (name in self.avoid, self.mine[name], -self.room[name][0], name))
         alike: set[_Amounts] = set()  # rooms of interchangeable hosts already among the candidates
         candidates = []
         for name in fitting:

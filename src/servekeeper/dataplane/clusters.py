@@ -33,13 +33,18 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-def _health_timing(endpoint_count: int) -> Resource:
-    """How soon a silent endpoint is ejected. One endpoint (a one-node cluster): generous, since
-    with no panic routing ejecting a busy cluster's only proxy (a slow /-/healthz on two loaded
-    cores) is an outage, and a dead one is refused at connect and retried anyway. Several (a
-    proxy per node of a multi-host cluster): a host cut off the network stays silent, so it is
-    ejected after about 3 s while the other nodes carry the traffic."""
-    if endpoint_count > 1:
+def _ejects_fast(endpoint_count: int, fails_over: bool) -> bool:
+    """Whether a silent endpoint is ejected after about 3 s, its connections closed (the requests
+    hung on them fail at once instead of at their clients' timeouts): when other endpoints (a
+    proxy per node of a multi-host cluster) or a standby carry the traffic meanwhile. A lone
+    endpoint with nothing behind it is judged generously: with no panic routing, ejecting a busy
+    cluster's only proxy (a slow /-/healthz on two loaded cores) is an outage, and a dead one is
+    refused at connect and retried anyway."""
+    return endpoint_count > 1 or fails_over
+
+
+def _health_timing(fast: bool) -> Resource:
+    if fast:
         return {"timeout": "2s", "unhealthy_threshold": 2}
     return {"timeout": "3s", "unhealthy_threshold": 3}
 
@@ -99,7 +104,9 @@ def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Res
         # Serve's gRPC proxy has no standard health service: a connect check ejects a dead node.
         health_check = {"tcp_health_check": {}}
         upstream_protocol = {"http2_protocol_options": {}}
-    extra: Resource = {"outlier_detection": _outlier_detection()} if fails_over and kind != PREVIEW else {}
+    fails_over = fails_over and kind != PREVIEW
+    extra: Resource = {"outlier_detection": _outlier_detection()} if fails_over else {}
+    fast = _ejects_fast(len(endpoints), fails_over)
     return {
         "@type": CLUSTER_TYPE,
         "name": name,
@@ -115,7 +122,7 @@ def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Res
         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
         "health_checks": [
             {
-                **_health_timing(len(endpoints)),
+                **_health_timing(fast),
                 "interval": "1s",
                 # Without this a cluster carrying no traffic (a draining one) is checked once a minute.
                 "no_traffic_interval": "1s",
@@ -125,7 +132,7 @@ def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Res
         ],
         # A host cut off the network does not refuse: requests sent on a pooled connection to it
         # would hang until the client gives up. Once ejected, its connections are closed.
-        "close_connections_on_host_health_failure": len(endpoints) > 1,
+        "close_connections_on_host_health_failure": fast,
         "circuit_breakers": _circuit_breakers(),
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {

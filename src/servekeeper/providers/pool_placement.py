@@ -65,11 +65,16 @@ async def place_cluster(
     rooms = host_rooms(pool)
     placed: list[tuple[str, NodeNeed]] = []
     reserved: set[int] = set()
+    siblings: set[str] = set()  # hosts of the service's other clusters
     for other in others:
         reserved.update(other.ports.all_ports())
         if other.pool == config.hostPool:
-            placed += [(node.host, need) for node, need in nodes_taking_room(other)]
-    chosen = place(node_needs(config), free_room(rooms, placed))
+            taking = nodes_taking_room(other)
+            placed += [(node.host, need) for node, need in taking]
+            if other.service == draft.service and other.name != draft.name:
+                siblings.update(node.host for node, _ in taking)
+    avoid = frozenset(siblings)
+    chosen = place(node_needs(config), free_room(rooms, placed), avoid)
     unreachable: set[str] = set()
     if not isinstance(chosen, str):
         # Only the hosts picked are probed (a rollout waiting for room probes nothing), and a
@@ -77,7 +82,7 @@ async def place_cluster(
         unreachable = await _unreachable(ssh, sorted(set(chosen)))
         if unreachable:
             rooms = [room for room in rooms if room.name not in unreachable]
-            chosen = place(node_needs(config), free_room(rooms, placed))
+            chosen = place(node_needs(config), free_room(rooms, placed), avoid)
     if isinstance(chosen, str):
         lost = f" (unreachable: {sorted(unreachable)})" if unreachable else ""
         raise Shortfall(f"host pool {config.hostPool!r}: {chosen}{lost}")
