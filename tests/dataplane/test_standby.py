@@ -33,12 +33,16 @@ def test_the_active_reaches_the_standby_through_an_aggregate_cluster_and_ejects_
     assert clusters["http-a"]["outlier_detection"]["enforcing_consecutive_5xx"] == 0, "an app's 5xx never fails over"
     assert "outlier_detection" not in clusters["http-s"]
     # A silent active (its host cut off) is ejected as fast as one node of several, and the
-    # requests hung on it fail at once instead of at their clients' timeouts; a lone cluster with
-    # nothing behind it keeps the generous timing.
+    # requests hung on it end by TCP's own timeouts instead of their clients'; a lone
+    # cluster with nothing behind it keeps the generous timing.
     assert clusters["http-a"]["close_connections_on_host_health_failure"]
     assert clusters["http-a"]["health_checks"][0]["timeout"] == "2s"
     assert not clusters["http-s"]["close_connections_on_host_health_failure"]
     assert clusters["http-s"]["health_checks"][0]["timeout"] == "3s"
+    keepalive = {"keepalive_time": 2, "keepalive_interval": 1, "keepalive_probes": 2}
+    for cluster in (clusters["http-a"], clusters["http-s"]):
+        assert cluster["upstream_connection_options"]["tcp_keepalive"] == keepalive
+        assert cluster["upstream_bind_config"]["socket_options"][0]["int_value"] == 4000  # TCP_USER_TIMEOUT, ms
     weighted = render_route_configs([standing])["http-svc"]["virtual_hosts"][0]["routes"][0]["route"]
     assert weighted["weighted_clusters"]["clusters"] == [
         {"name": "failover-a", "weight": 100},

@@ -33,10 +33,24 @@ def _is_ip(host: str) -> bool:
     return True
 
 
+# Seconds a pooled upstream connection is quiet before the kernel probes it: with 2 probes 1 s
+# apart, a connection to a silent host fails about 4 s after its last byte.
+KEEPALIVE_TIME_S = 2
+
+
+# setsockopt(IPPROTO_TCP, TCP_USER_TIMEOUT, ms) before connect (Linux: level 6, option 18).
+_USER_TIMEOUT: Resource = {
+    "description": "TCP_USER_TIMEOUT",
+    "level": 6,
+    "name": 18,
+    "int_value": 1000 * (KEEPALIVE_TIME_S + 2),
+    "state": "STATE_PREBIND",
+}
+
+
 def _ejects_fast(endpoint_count: int, fails_over: bool) -> bool:
-    """Whether a silent endpoint is ejected after about 3 s, its connections closed (the requests
-    hung on them fail at once instead of at their clients' timeouts): when other endpoints (a
-    proxy per node of a multi-host cluster) or a standby carry the traffic meanwhile. A lone
+    """Whether a silent endpoint is ejected after about 3 s: when other endpoints (a proxy per
+    node of a multi-host cluster) or a standby carry the traffic meanwhile. A lone
     endpoint with nothing behind it is judged generously: with no panic routing, ejecting a busy
     cluster's only proxy (a slow /-/healthz on two loaded cores) is an outage, and a dead one is
     refused at connect and retried anyway."""
@@ -130,9 +144,17 @@ def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Res
                 **health_check,
             }
         ],
-        # A host cut off the network does not refuse: requests sent on a pooled connection to it
-        # would hang until the client gives up. Once ejected, its connections are closed.
+        # A host cut off the network does not refuse: once it is ejected, no new request goes on
+        # its pooled connections (Envoy drains them; it does not reset the requests on them).
         "close_connections_on_host_health_failure": fast,
+        # A request hung on a silent host ends when the kernel finds its connection dead, not at
+        # the client's timeout: a request not acknowledged within TCP_USER_TIMEOUT (one sent after
+        # the host fell silent), one acknowledged when the keepalive probes go unanswered. A host
+        # that answers, however slow its app, acknowledges both at once, so long requests live.
+        "upstream_connection_options": {
+            "tcp_keepalive": {"keepalive_time": KEEPALIVE_TIME_S, "keepalive_interval": 1, "keepalive_probes": 2}
+        },
+        "upstream_bind_config": {"socket_options": [_USER_TIMEOUT]},
         "circuit_breakers": _circuit_breakers(),
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
