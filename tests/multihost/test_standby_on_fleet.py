@@ -1,9 +1,9 @@
 """A hot standby on a host pool (issue 20, item 2): placed on other hosts than the active, it takes
 the traffic when the active's host falls off the network under mixed load. A silent host refuses
-nothing, so the ingress finds it by its health checks (ejected after about 3 s, the requests hung
-on it failed at once); the controller promotes the standby once the active has been unhealthy
-past the threshold, builds the next standby away from the new active, and stops the lost cluster
-once its host is back."""
+nothing: the requests hung on it fail by the TCP timeouts of Envoy's upstream sockets (about
+4 s), which ejects it, as its health checks do a little later; the controller promotes the
+standby once the active has been unhealthy past the threshold, builds the next standby away
+from the new active, and stops the lost cluster once its host is back."""
 
 from __future__ import annotations
 

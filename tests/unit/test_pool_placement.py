@@ -47,14 +47,14 @@ def test_what_does_not_fit_is_named_with_what_each_host_has_free() -> None:
 
 
 def test_the_hosts_of_the_services_other_clusters_are_taken_last() -> None:
-    """A standby (or an upgrade's new cluster) goes where the active is not, while room allows:
-    the loss of the active's host leaves it standing. Without room elsewhere they are shared."""
+    """A standby (or an upgrade's new cluster) goes where the active is not, while room allows and
+    its own nodes still spread: the loss of the active's host leaves its head standing."""
     shape = config(head={"numCpus": 1}, workerGroups=[{"name": "w", "replicas": 1, "numCpus": 1}])
     # Host a has the most room, yet the active runs there.
     pool = rooms(("a", 8, 0, 8), ("b", 2, 0, 8), ("c", 2, 0, 8))
     assert place(node_needs(shape), pool) == ["a", "b"]
     assert place(node_needs(shape), pool, avoid=frozenset({"a"})) == ["b", "c"]
-    assert place(node_needs(shape), pool, avoid=frozenset({"a", "b"})) == ["c", "c"]
+    assert place(node_needs(shape), pool, avoid=frozenset({"a", "b"})) == ["c", "a"], "spread still comes first"
     assert place(node_needs(shape), rooms(("a", 8, 0, 8), ("b", 1, 0, 8)), avoid=frozenset({"a"})) == ["b", "a"]
     # A pin outranks the preference; the search (a pinned worker) keeps it too.
     pinned = config(head={"numCpus": 1, "host": "a"}, workerGroups=[{"name": "w", "replicas": 1, "numCpus": 1}])

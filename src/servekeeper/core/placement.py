@@ -130,9 +130,10 @@ _SLACK = 1e-9  # float sums: the room kept for later pinned nodes is never judge
 
 def place(needs: list[NodeNeed], room: dict[str, HostRoom], avoid: frozenset[str] = frozenset()) -> list[str] | str:
     """A host per node, spread (each node goes where this cluster has the fewest nodes so far,
-    then where most CPU is free), or what is short, for `InsufficientCapacity`. Hosts in `avoid`
-    (those the service's other clusters run on) are taken last: a standby, or an upgrade's new
-    cluster, on other hosts than the active survives the loss of the active's hosts.
+    then where most CPU is free), or what is short, for `InsufficientCapacity`. Among hosts where
+    this cluster has as many nodes, those in `avoid` (the service's other clusters run there) come
+    last: a standby's head, or an upgrade's, goes where the active is not, and the nodes still
+    spread (an upgrade's cluster becomes the long-lived active).
 
     When the greedy pass in the nodes' order places every node, that is the answer. When it
     does not (a node took the room a later one needed: an unpinned head on the host a worker is
@@ -154,7 +155,7 @@ def _place_greedily(needs: list[NodeNeed], room: dict[str, HostRoom], avoid: fro
         fitting = [name for name in candidates if name in room and _fits(room[name], need)]
         if not fitting:
             return _shortfall(index, need, room)
-        best = min(fitting, key=lambda name: (name in avoid, mine[name], -room[name].cpus, name))
+        best = min(fitting, key=lambda name: (mine[name], name in avoid, -room[name].cpus, name))
         room[best] = _minus(room[best], need)
         mine[best] += 1
         chosen.append(best)
@@ -257,7 +258,7 @@ class _Search:
     def _candidates(self, index: int, need: NodeNeed) -> list[str]:
         kept = self.kept[index + 1]
         fitting = [name for name in self._allowed(need) if _leaves(self.room[name], need, kept.get(name))]
-        fitting.sort(key=lambda name: (name in self.avoid, self.mine[name], -self.room[name][0], name))
+        fitting.sort(key=lambda name: (self.mine[name], name in self.avoid, -self.room[name][0], name))
         alike: set[_Amounts] = set()  # rooms of interchangeable hosts already among the candidates
         candidates = []
         for name in fitting:

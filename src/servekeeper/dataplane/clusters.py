@@ -49,7 +49,8 @@ _USER_TIMEOUT: Resource = {
 
 
 def _ejects_fast(endpoint_count: int, fails_over: bool) -> bool:
-    """Whether a silent endpoint is ejected after about 3 s: when other endpoints (a proxy per
+    """Whether a silent endpoint is ejected by health checks of 2 s, twice (5-6 s; a request to it
+    that fails by the TCP timeouts below ejects it sooner): when other endpoints (a proxy per
     node of a multi-host cluster) or a standby carry the traffic meanwhile. A lone
     endpoint with nothing behind it is judged generously: with no panic routing, ejecting a busy
     cluster's only proxy (a slow /-/healthz on two loaded cores) is an outage, and a dead one is
@@ -169,7 +170,7 @@ def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Res
 def failover_target(route: ServiceRoute, backend: str, protocol: str) -> str | None:
     """The standby that takes `backend`'s traffic of `protocol` when it refuses connections: only
     for a backend that is not the standby, and for gRPC only when both speak it on a gRPC route."""
-    if route.standby is None or backend == route.standby:
+    if route.standby is None or backend == route.standby or protocol not in (HTTP, GRPC):
         return None
     if protocol == GRPC:
         speaks = {b.name for b in route.backends if b.grpc}
