@@ -36,7 +36,7 @@ class FakeProvider:
     """The `ClusterProvider` protocol over a dict of pretend processes, as the local provider
     (its ports allocated and its liveness judged by the local provider's own functions).
 
-    Controls: `set_alive()`, `start_head_error`, `start_workers_error`, `workers_gate` (a start
+    Controls: `set_alive()`, `start_head_error`, `start_workers_error`, `move_head_error`, `workers_gate` (a start
     of workers waits for it), `stop_error`, `leftovers` (pids a stop leaves alive), and
     `before_start_head` (called with the record the start got, before anything starts)."""
 
@@ -48,6 +48,7 @@ class FakeProvider:
         self.start_workers_error: BaseException | None = None
         self.workers_gate: asyncio.Event | None = None
         self.stop_error: BaseException | None = None
+        self.move_head_error: Exception | None = None
         self.leftovers: dict[str, list[int]] = {}
         self.before_start_head: Callable[[ClusterRecord], None] | None = None
         self._pids = itertools.count(4000)
@@ -85,6 +86,12 @@ class FakeProvider:
 
     def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:
         return cluster.with_changes(worker_pids=tuple(pid for pid in cluster.worker_pids if pid not in pids))
+
+    async def move_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
+        self.calls.append(("move_head", cluster.name))
+        if self.move_head_error is not None:
+            raise self.move_head_error
+        return cluster.with_changes(head_pid=None, worker_pids=())
 
     async def liveness(self, cluster: ClusterRecord) -> Liveness:
         return process_liveness(self, cluster)

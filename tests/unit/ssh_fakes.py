@@ -4,7 +4,8 @@
 Controls: `refuse[host]` / `silent[host]` (what a probe of that host raises), `fail_launch[host]`
 (what a launch there raises), `logs[temp_dir]` (what a node logged), `launch_gate` (a node launch
 waits for it on the host; cancelling the caller does not stop it), `leftovers[temp_dir]` (pids a
-stop of that node leaves alive), `gcs_lost` (GCS storage dirs found empty). It keeps `running`
+stop of that node leaves alive), `gcs_lost` (GCS storage dirs found empty), `taken_ports[host]` (ports
+bound there by something else). It keeps `running`
 (temp dir -> the node), `envs` (temp dir -> its launch's env), `tokens` (path -> content),
 `stopped` (the nodes each stop got) and the `calls` it got.
 
@@ -42,6 +43,7 @@ class FakeFleet:
         self.leftovers: dict[str, list[int]] = {}
         self.gcs_lost: set[str] = set()  # GCS storage dirs whose session is gone (a rebooted host)
         self.gcs_silent: set[str] = set()  # hosts whose head's GCS does not answer
+        self.taken_ports: dict[str, set[int]] = {}  # host -> ports bound there by something else
         self.envs: dict[str, dict[str, str]] = {}  # temp dir -> the env of its last launch
         self.argvs: dict[str, list[str]] = {}  # temp dir -> the argv of its last launch
         self.running: dict[str, RemoteNode] = {}
@@ -101,6 +103,9 @@ class FakeSshNodes(SshNodes):
     async def ports_free_on_all(self, hosts: Sequence[str], count: int, reserved: Sequence[int] = ()) -> list[int]:
         return [self.fleet.port() for _ in range(count)]
 
+    async def ports_free(self, host: str, candidates: Sequence[int]) -> list[int]:
+        return [port for port in candidates if port not in self.fleet.taken_ports.get(host, ())]
+
     async def node_ports(self, host: str, reserved: Sequence[int] = (), extra: int = 0) -> tuple[NodePorts, list[int]]:
         singles = [self.fleet.port() for _ in range(6 + extra)]
         ports = NodePorts(*singles[:6], min_worker=30000, max_worker=30047)
@@ -154,6 +159,8 @@ class FakeSshNodes(SshNodes):
 
     async def stop(self, node: RemoteNode) -> list[int]:
         self.fleet.calls.append(("stop", node.temp_dir))
+        if node.host in self.fleet.silent:
+            raise NodeUnreachable(node.host, f"cannot stop pid {node.pid}: timed out")
         self.fleet.stopped.append(node)
         left = self.fleet.leftovers.get(node.temp_dir, [])
         if not left:

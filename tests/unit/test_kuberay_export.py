@@ -4,6 +4,7 @@ gives the same spec (every example service); status in KubeRay's shape."""
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from servekeeper.kuberay.export import export_manifest, render_manifest
 from servekeeper.kuberay.notes import SecretRef
 from servekeeper.kuberay.status import kuberay_service, kuberay_status
 from servekeeper.kuberay.translate import import_documents
-from servekeeper.model.cluster_spec import GcsFaultToleranceSpec
+from servekeeper.model.cluster_spec import GcsFaultToleranceSpec, RedisSpec
 from servekeeper.model.spec import ServiceSpec, StandbySpec, load_spec_file, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,6 +132,19 @@ def test_a_pool_service_with_gcs_fault_tolerance_and_a_standby_round_trips() -> 
     manifest = yaml.safe_load(text)
     assert manifest["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"] == {"backend": "rocksdb"}
     assert "hostPool fleet" in text
+
+
+def test_a_head_that_moves_host_round_trips_in_the_extensions() -> None:
+    spec = _spec()
+    fault_tolerance = GcsFaultToleranceSpec(backend="redis", redis=RedisSpec(), headMoveAfterSeconds=12)
+    config = spec.spec.rayClusterConfig.model_copy(update={"hostPool": "fleet", "gcsFaultTolerance": fault_tolerance})
+    spec = spec.model_copy(update={"spec": spec.spec.model_copy(update={"rayClusterConfig": config})})
+    text, back = roundtrip(spec)
+    assert back == spec
+    manifest = yaml.safe_load(text)
+    assert manifest["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"] == {"backend": "redis"}
+    extensions = json.loads(manifest["metadata"]["annotations"]["servekeeper.io/extensions"])
+    assert extensions["headMoveAfterSeconds"] == 12
 
 
 def test_manifest_shape() -> None:

@@ -69,6 +69,10 @@ class RecordingProvider:
         self._called("restarted", cluster)
         return cluster
 
+    async def move_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
+        self._called("move_head", cluster)
+        return cluster
+
     async def liveness(self, cluster: ClusterRecord) -> Liveness:
         self._called("liveness", cluster)
         return Liveness(True, [], self.name)
@@ -108,6 +112,7 @@ async def _every_call(router: ClusterProvider, cluster: ClusterRecord, config: R
         router.needs_nodes(cluster, config),
         await router.start_nodes(cluster, config, record),
         router.restarted(cluster, [1]).name,
+        (await router.move_head(cluster, config)).name,
         (await router.liveness(cluster)).reason,
         router.endpoints(cluster, grpc=False),
         router.headers(cluster),
@@ -115,7 +120,17 @@ async def _every_call(router: ClusterProvider, cluster: ClusterRecord, config: R
     ]
 
 
-METHODS = ["start_head", "needs_nodes", "start_nodes", "restarted", "liveness", "endpoints", "headers", "stop"]
+METHODS = [
+    "start_head",
+    "needs_nodes",
+    "start_nodes",
+    "restarted",
+    "move_head",
+    "liveness",
+    "endpoints",
+    "headers",
+    "stop",
+]
 
 
 async def test_a_local_record_goes_to_the_local_provider(
@@ -124,7 +139,7 @@ async def test_a_local_record_goes_to_the_local_provider(
     local, pool, router = providers
     cluster = draft("here", LOCAL_CONFIG)
     answers = await _every_call(router, cluster, LOCAL_CONFIG)
-    assert answers[4:] == ["local", (Endpoint("local", 1),), {"provider": "local"}, ["local"]]
+    assert answers[5:] == ["local", (Endpoint("local", 1),), {"provider": "local"}, ["local"]]
     assert local.calls == [(method, "here") for method in METHODS]
     assert pool.calls == []
 
@@ -135,7 +150,7 @@ async def test_a_pool_record_goes_to_the_pool_provider(
     local, pool, router = providers
     cluster = draft("there", POOL_CONFIG).with_changes(pool="fleet")
     answers = await _every_call(router, cluster, POOL_CONFIG)
-    assert answers[4:] == ["pool", (Endpoint("pool", 1),), {"provider": "pool"}, ["pool"]]
+    assert answers[5:] == ["pool", (Endpoint("pool", 1),), {"provider": "pool"}, ["pool"]]
     assert pool.calls == [(method, "there") for method in METHODS]
     assert local.calls == []
 

@@ -68,11 +68,12 @@ def head_env(manifest: str) -> list[dict[str, Any]]:
 def as_before_migration_8(path: Path) -> None:
     """The store as servekeeper left it before migration 8: no per-revision import facts (only
     the service's `import:NAME`, of its current generation), schema version 7 (so without the
-    columns of migration 9 either)."""
+    columns of migrations 9 and 10 either)."""
     db = sqlite3.connect(path)
     db.execute("DELETE FROM facts WHERE key LIKE 'import:%@%'")
     db.execute("DROP INDEX submissions_by_cluster")
-    for table, column in (("clusters", "takeover_started_at"), ("services", "standby_failures")):  # migration 9
+    dropped = (("clusters", "takeover_started_at"), ("services", "standby_failures"))  # migration 9
+    for table, column in (*dropped, ("clusters", "left_behind_json")):  # and 10
         db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     db.execute("ALTER TABLE services DROP COLUMN standby_retry_at")
     db.execute("PRAGMA user_version = 7")

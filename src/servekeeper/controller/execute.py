@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from servekeeper.controller.documents import Packages, SubmittedDocuments
+from servekeeper.controller.head_moves import HeadMoves
 from servekeeper.controller.metrics import ControllerMetrics
 from servekeeper.controller.observe import DataPlanePort
 from servekeeper.controller.probes import ProbeRunner
@@ -75,6 +76,7 @@ class Executor:
         self.background: dict[str, asyncio.Task[None]] = {}  # cluster name -> its start or stop task
         # cluster -> (node starts failed in a row, when the next try may run; inf: none left)
         self.start_retries: dict[str, tuple[int, float]] = {}
+        self.head_moves = HeadMoves(store, provider, clock)
         self.submissions = ConfigSubmissions(store, provider, serve, documents, packages, clock, hooks, metrics)
 
     async def execute(self, action: act.Action, service: ServiceRecord, spec: ServiceSpec, tick: TickOutcome) -> None:
@@ -88,6 +90,11 @@ class Executor:
                 self._start_cluster(cluster)
         elif isinstance(action, act.RestartNodes):
             self._restart_nodes(action)
+        elif isinstance(action, act.MoveHead):
+            if action.cluster not in self.background:  # a start or stop under way ends first
+                moved = await self.head_moves.move(action)
+                if moved is not None:
+                    self._start_cluster(moved)
         elif isinstance(action, act.SubmitConfig):
             await self.submissions.submit_config(action, service, spec, tick)
         elif isinstance(action, act.UpdateCluster):

@@ -32,6 +32,18 @@ class RestartNodes:
 
 
 @dataclass(frozen=True)
+class MoveHead:
+    """Start the head of `cluster` on another host of its pool, with its GCS tables (Redis): its
+    host `silent_host` has not answered for `silent_for` seconds. Every node on that host moves
+    with it and the workers are started again against the new head; the nodes left on the
+    silent host are stopped once it answers (they may still run there)."""
+
+    cluster: str
+    silent_host: str
+    silent_for: float
+
+
+@dataclass(frozen=True)
 class SubmitConfig:
     cluster: str
     config_hash: str
@@ -107,6 +119,7 @@ Action = (
     CreateCluster
     | StartCluster
     | RestartNodes
+    | MoveHead
     | SubmitConfig
     | UpdateCluster
     | UpdateClusters

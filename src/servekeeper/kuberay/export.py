@@ -268,6 +268,8 @@ def _extensions(body: ServiceSpecBody) -> dict[str, Any]:
         extensions["excludes"] = list(config.excludes)
     if config.hostPool is not None:
         extensions["hostPool"] = config.hostPool
+    if config.gcsFaultTolerance is not None and config.gcsFaultTolerance.headMoveAfterSeconds is not None:
+        extensions["headMoveAfterSeconds"] = config.gcsFaultTolerance.headMoveAfterSeconds
     pins = {"head": config.head.host} | {group.name: group.host for group in config.workerGroups}
     if any(host is not None for host in pins.values()):
         extensions["hostPins"] = {name: host for name, host in pins.items() if host is not None}

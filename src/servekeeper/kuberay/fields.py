@@ -26,6 +26,7 @@ EXTENSION_KEYS = frozenset(
         "hostPool",  # the HostPool whose machines run the nodes (KubeRay schedules pods instead)
         "hostPins",  # group name ("head" for the head) -> the pool host its nodes run on
         "standby",  # a hot standby cluster failed over to by the ingress
+        "headMoveAfterSeconds",  # gcsFaultTolerance with Redis: when a head on a silent host moves
     }
 )
 

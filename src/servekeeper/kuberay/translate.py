@@ -194,6 +194,12 @@ class _ServiceTranslation:
                 body["rayClusterConfig"][key] = value
             elif key == "hostPins":
                 self.host_pins(f"{path}.hostPins", value, body["rayClusterConfig"])
+            elif key == "headMoveAfterSeconds":
+                fault_tolerance = body["rayClusterConfig"].get("gcsFaultTolerance")
+                if fault_tolerance is None:
+                    self.findings.refuse(f"{path}.{key}", f"for a head whose GCS is in Redis: set {GCS_FT_OPTIONS}")
+                else:
+                    fault_tolerance[key] = value
             elif key in EXTENSION_KEYS:
                 body[key] = value
 

@@ -142,22 +142,41 @@ class RedisSpec(StrictModel):
         return self
 
 
+# A silent host may be a short network blip: the head moves only after this, well before the
+# default unhealthy threshold (300 s) would replace the whole cluster.
+HEAD_MOVE_AFTER_SECONDS = 30.0
+
+
 class GcsFaultToleranceSpec(StrictModel):
     """Where the head's GCS keeps its tables, so that a head started again finds them: workers
     reconnect, Serve's controller recovers its apps, and the cluster is not replaced.
 
     `rocksdb`: Ray's embedded store, in a directory beside the head (kept with the cluster);
     the head restarts on the host it ran on. `redis`: the tables live in a Redis (`redis`; a
-    namespace per cluster, removed with it), outside the head's host."""
+    namespace per cluster, removed with it), outside the head's host, so a head whose host stays
+    silent (`headMoveAfterSeconds`) is started on another host of the pool with them."""
 
     backend: Literal["rocksdb", "redis"] = "rocksdb"
     redis: RedisSpec | None = None
+    # Redis only: once the head's host has been silent this long, the head is started on another
+    # host of the pool with the same tables (None: HEAD_MOVE_AFTER_SECONDS).
+    headMoveAfterSeconds: float | None = Field(default=None, ge=1, le=86400)
 
     @model_validator(mode="after")
     def _redis_settings_need_redis(self) -> GcsFaultToleranceSpec:
         if self.redis is not None and self.backend != "redis":
             raise ValueError("redis settings are for backend: redis")
+        if self.headMoveAfterSeconds is not None and self.backend != "redis":
+            raise ValueError(
+                "headMoveAfterSeconds is for backend: redis (RocksDB tables stay on the head's host: it never moves)"
+            )
         return self
+
+    def head_move_after(self) -> float | None:
+        """How long a head's host may be silent before the head moves; None: it never moves."""
+        if self.backend != "redis":
+            return None
+        return self.headMoveAfterSeconds if self.headMoveAfterSeconds is not None else HEAD_MOVE_AFTER_SECONDS
 
     def hash_shape(self) -> dict[str, object]:
         """Its part of the cluster spec hash: a rocksdb spec hashes as before `redis` existed."""

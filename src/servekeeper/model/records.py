@@ -217,6 +217,8 @@ class ClusterRecord:
     # Head first, then the workers (empty in records of local clusters stored before they had them)
     nodes: tuple[NodePlacement, ...] = ()
     takeover_started_at: float | None = None  # a warm standby began scaling up to replace a dead active
+    # Nodes a head move left on a silent host (they may still run there): stopped once it answers
+    left_behind: tuple[NodePlacement, ...] = ()
 
     def with_changes(self, **changes: Any) -> ClusterRecord:
         return replace(self, **changes)

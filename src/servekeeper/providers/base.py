@@ -87,6 +87,14 @@ class ClusterProvider(Protocol):
         """The record with these exited worker nodes cleared, to be started again in place."""
         ...
 
+    async def move_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
+        """The cluster with its head, and every node on the head's (silent) host, placed on other
+        hosts, its workers to be started again against the new head, stored before anything
+        starts; what was left on the silent host is stopped once it answers. Raises
+        RetryableProviderError when no host can take them now, PermanentProviderError when
+        the head cannot move at all (it runs on this machine)."""
+        ...
+
     async def liveness(self, cluster: ClusterRecord) -> Liveness:
         """Whether the head runs, which workers do not, and why; never holds a tick long."""
         ...

@@ -231,6 +231,9 @@ class LocalProvider:
     def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:
         return nodes_restarting(cluster.with_changes(nodes=nodes_of(cluster)), pids)
 
+    async def move_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
+        raise PermanentProviderError(f"the head of {cluster.name} runs on this machine: no other host to move to")
+
     async def liveness(self, cluster: ClusterRecord) -> Liveness:
         # Process checks and log reads block: in a worker thread, never on the loop.
         return await asyncio.to_thread(process_liveness, self, cluster)

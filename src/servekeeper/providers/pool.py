@@ -46,6 +46,7 @@ from servekeeper.providers.cluster_token import (
 from servekeeper.providers.gcs_storage import GcsStorage, head_flags, node_env
 from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
 from servekeeper.providers.pool_liveness import look
+from servekeeper.providers.pool_moves import place_move, stop_left_behind
 from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, host_rooms, place_cluster
 from servekeeper.providers.ray_start import group_args
 from servekeeper.providers.ssh import HostConnection, SshError
@@ -217,6 +218,21 @@ class PoolProvider:
     def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:
         return nodes_restarting(cluster, pids)
 
+    async def move_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
+        """The head (and the nodes on its silent host) placed elsewhere and stored (`pool_moves.py`)."""
+        assert cluster.pool is not None
+        async with self.creating:  # the pool's room and ports, as seen, until stored
+            pool = self.pool(cluster.pool)
+            moved = await place_move(pool, self.ssh(cluster.pool), self.store.list_clusters(), cluster, config)
+            with self.store.transaction():
+                check_pool_kept(moved, pool.to_json(), self.store.get_host_pool(cluster.pool))
+                current = self.store.get_cluster(cluster.name)
+                if current is None or current.nodes != cluster.nodes:
+                    raise RetryableProviderError(f"cluster {cluster.name} changed while its head was placed anew")
+                self.store.put_cluster(moved)
+            self._liveness.pop(cluster.name, None)
+            return moved
+
     async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
         """Start the nodes not running yet, head first; each node's pid is recorded as it runs.
         A failure is raised as it is: the controller decides what it means for the cluster."""
@@ -291,7 +307,7 @@ class PoolProvider:
         except Shortfall as exc:  # the pool was deleted under it: nothing can be looked at (unknown)
             return Liveness(False, [], str(exc), head_silent=True)
         await self.gcs_storage.keep_up(cluster, RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json))
-        result = await look(ssh, cluster, self.store)
+        result, _ = await asyncio.gather(look(ssh, cluster, self.store), stop_left_behind(ssh, self.store, cluster))
         self._liveness[cluster.name] = (pids, now, result)
         return result
 
@@ -323,8 +339,10 @@ class PoolProvider:
             return []
 
         leftovers = [item for items in await asyncio.gather(*(stop(i) for i in range(len(nodes)))) for item in items]
+        left = await stop_left_behind(ssh, self.store, cluster)
+        leftovers += [f"{node.role} node a head move left on {node.host}: not stopped yet" for node in left]
         if not leftovers:
-            for host in sorted({node.host for node in cluster.nodes}):
+            for host in sorted({node.host for node in (*cluster.nodes, *cluster.left_behind)}):
                 try:  # its token file and logs on the host; nothing runs there any more
                     await ssh.forget_cluster(host, cluster.name)
                 except (SshError, ProviderError) as exc:

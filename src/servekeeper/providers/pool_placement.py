@@ -79,7 +79,7 @@ async def place_cluster(
     if not isinstance(chosen, str):
         # Only the hosts picked are probed (a rollout waiting for room probes nothing), and a
         # lost one gets no new node: placed again without it.
-        unreachable = await _unreachable(ssh, sorted(set(chosen)))
+        unreachable = await unreachable_hosts(ssh, sorted(set(chosen)))
         if unreachable:
             rooms = [room for room in rooms if room.name not in unreachable]
             chosen = place(node_needs(config), free_room(rooms, placed), avoid)
@@ -126,7 +126,7 @@ async def _allocate(
     return draft.with_changes(pool=pool_name, nodes=nodes, ports=cluster_ports)
 
 
-async def _unreachable(ssh: SshNodes, hosts: list[str]) -> set[str]:
+async def unreachable_hosts(ssh: SshNodes, hosts: list[str]) -> set[str]:
     """The hosts that do not answer now (placed without them: they may come back); a host
     that refuses (host key, login, a command failing) raises HostRefused."""
 

@@ -42,6 +42,9 @@ class ProviderRouter:
     def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:
         return self._for(cluster).restarted(cluster, pids)
 
+    async def move_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
+        return await self._for(cluster).move_head(cluster, config)
+
     async def liveness(self, cluster: ClusterRecord) -> Liveness:
         return await self._for(cluster).liveness(cluster)
 

@@ -133,12 +133,16 @@ class SshNodes:
             candidates, _ = await self.allocate_ports(hosts[0], count * 4, sorted(taken))
             common = candidates
             for host in hosts[1:]:
-                answer = await self._call(host, "free", {"candidates": common})
-                common = [int(port) for port in answer["free"]]
+                common = await self.ports_free(host, common)
             if len(common) >= count:
                 return common[:count]
             taken.update(candidates)
         raise ProviderError(f"no {count} ports free on all of {', '.join(hosts)} in {PORT_LOW}-{PORT_HIGH}")
+
+    async def ports_free(self, host: str, candidates: Sequence[int]) -> list[int]:
+        """Those of `candidates` bound to nothing on `host`."""
+        answer = await self._call(host, "free", {"candidates": list(candidates)})
+        return [int(port) for port in answer["free"]]
 
     async def node_ports(self, host: str, reserved: Sequence[int] = (), extra: int = 0) -> tuple[NodePorts, list[int]]:
         """A node's ports on `host`, and `extra` more (a head's GCS, dashboard, ...)."""

@@ -122,6 +122,7 @@ def cluster_row(c: ClusterRecord) -> dict[str, Any]:
         "pool": c.pool,
         "nodes_json": json.dumps([node.to_json() for node in c.nodes]),
         "takeover_started_at": c.takeover_started_at,
+        "left_behind_json": json.dumps([node.to_json() for node in c.left_behind]),
     }
 
 
@@ -155,6 +156,7 @@ def cluster_from_row(row: sqlite3.Row) -> ClusterRecord:
         pool=row["pool"],
         nodes=tuple(NodePlacement.from_json(node) for node in json.loads(row["nodes_json"])),
         takeover_started_at=row["takeover_started_at"],
+        left_behind=tuple(NodePlacement.from_json(node) for node in json.loads(row["left_behind_json"])),
     )
 
 

@@ -235,6 +235,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         ALTER TABLE services ADD COLUMN standby_retry_at REAL;
         """,
     ),
+    Migration(
+        10,
+        "heads that move host (issue 20): the nodes a move left on a silent host, stopped once it answers",
+        """
+        ALTER TABLE clusters ADD COLUMN left_behind_json TEXT NOT NULL DEFAULT '[]';
+        """,
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -21,7 +21,12 @@ from servekeeper.core.planner.pending import advance_pending
 from servekeeper.core.planner.serve import record_deployed_configs
 from servekeeper.core.planner.standby import fail_over_to_standby, maintain_standby
 from servekeeper.core.planner.traffic import delete_service, drain, finish_acknowledged_switch, maintain_route
-from servekeeper.core.planner.workers import MAX_WORKER_RESTARTS, restart_exited_heads, restart_interrupted_work
+from servekeeper.core.planner.workers import (
+    MAX_WORKER_RESTARTS,
+    move_silent_heads,
+    restart_exited_heads,
+    restart_interrupted_work,
+)
 from servekeeper.model.enums import ClusterRole, SwitchGate
 from servekeeper.model.observation import Observation
 from servekeeper.model.records import ClusterRecord, ServiceRecord
@@ -50,6 +55,7 @@ def run(ctx: PlanContext) -> Plan:
     restart_interrupted_work(ctx)
     fail_over_to_standby(ctx)  # before a restart in place: the standby already has the traffic
     restart_exited_heads(ctx)
+    move_silent_heads(ctx)
     record_deployed_configs(ctx)
     finish_acknowledged_switch(ctx)
     pending = ctx.newest(ClusterRole.PENDING)

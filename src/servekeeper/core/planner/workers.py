@@ -1,12 +1,13 @@
 """Cluster processes: starting what an interrupted tick left unstarted, starting again the
 worker nodes that exited (as KubeRay recreates a worker pod), and, with GCS fault tolerance, a
-head that exited, in place; each a bounded number of times."""
+head that exited, in place, or, with its tables in Redis, a head whose host stays silent, on
+another host; each a bounded number of times."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from servekeeper.core.actions import DeleteCluster, RestartNodes, StartCluster
+from servekeeper.core.actions import DeleteCluster, MoveHead, RestartNodes, StartCluster
 from servekeeper.core.planner.context import PlanContext
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
@@ -72,6 +73,26 @@ def restart_exited_heads(ctx: PlanContext) -> None:
         )
         restarted = replace(head, pid=None, session_id=None, restarts=head.restarts + 1)
         ctx.set_planned(cluster.with_changes(nodes=(restarted, *cluster.nodes[1:]), head_pid=None))
+
+
+def move_silent_heads(ctx: PlanContext) -> None:
+    """With its GCS tables in Redis, a head whose host stays silent past `headMoveAfterSeconds` is
+    started on another host of the pool (as Kubernetes reschedules a head pod): the cluster, its
+    apps and its run-time apps are kept, where a replacement would start from nothing after the
+    unhealthy threshold. A silent head counts against the same restart budget as an exited one."""
+    for cluster in list(ctx.clusters.values()):
+        if cluster.role in (ClusterRole.DELETING, ClusterRole.DRAINING) or cluster.pool is None:
+            continue
+        if cluster.name not in ctx.observation.clusters or not cluster.nodes or cluster.head_pid is None:
+            continue
+        head = cluster.nodes[0]
+        silent_since = ctx.observed(cluster).head_silent_since
+        if silent_since is None or head.pid is None or head.stopped or head.restarts >= MAX_WORKER_RESTARTS:
+            continue
+        fault_tolerance = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).gcsFaultTolerance
+        move_after = fault_tolerance.head_move_after() if fault_tolerance is not None else None
+        if move_after is not None and ctx.now - silent_since >= move_after:
+            ctx.do(MoveHead(cluster.name, head.host, ctx.now - silent_since))
 
 
 def restart_workers(ctx: PlanContext, cluster: ClusterRecord, exited: tuple[int, ...]) -> ClusterRecord:
