@@ -122,7 +122,7 @@ def timeline(sk: Servekeeper, result: Any, cut_at: float, head_dir: str) -> str:
     new head's GCS said of nodes."""
     with sk.db() as db:
         rows = db.execute("SELECT time, reason, message FROM events WHERE service = ? ORDER BY id", (NAME,))
-        lines = [f"{t - cut_at:7.1f}s {reason}: {message[:160]}" for t, reason, message in rows if t >= cut_at - 1]
+        lines = [f"{t - cut_at:7.1f}s {reason}: {message[:2000]}" for t, reason, message in rows if t >= cut_at - 1]
     buckets: dict[int, list[int]] = {}
     for when, label in result.timeline:
         if when >= cut_at:
