@@ -177,6 +177,7 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
     oks = [when for when, label in result.timeline if when >= killed_at and not label.startswith(FAILURE_LABELS)]
     longest_gap = max((b - a for a, b in zip([killed_at, *oks], oks, strict=False)), default=0.0)
     events = daemon.cli("events", NAME).stdout
+    print(timeline(daemon, result, killed_at, head["temp_dir"], bucket=1))
     failed_at = [(round(when - killed_at, 2), label) for when, label in result.timeline if label not in result.bodies]
     print(
         f"failures (seconds after the kill): {failed_at}; head back at {restarted_at - killed_at:.1f}s, "
@@ -254,3 +255,23 @@ def serve_apps(sk: Servekeeper, cluster: str) -> dict[str, Any]:
         timeout=10,
     )
     return dict(answer.json()["applications"])
+
+
+def timeline(sk: Servekeeper, result: Any, cut_at: float, head_dir: str, bucket: int = 5) -> str:
+    """What happened when (seconds after `cut_at`): the events, the answers per `bucket` seconds,
+    and what the head's GCS said of dead nodes."""
+    with sk.db() as db:
+        rows = db.execute("SELECT time, reason, message FROM events WHERE service = ? ORDER BY id", (NAME,))
+        lines = [f"{t - cut_at:7.1f}s {reason}: {message[:2000]}" for t, reason, message in rows if t >= cut_at - 1]
+    buckets: dict[int, dict[str, int]] = {}
+    for when, label in result.timeline:
+        if when >= cut_at:
+            counts = buckets.setdefault(int((when - cut_at) // bucket) * bucket, {})
+            kind = label if label.startswith(FAILURE_LABELS) else "ok"
+            counts[kind] = counts.get(kind, 0) + 1
+    lines += [f"{start:4d}-{start + bucket}s {counts}" for start, counts in sorted(buckets.items())]
+    logs = Path(head_dir) / "session_latest" / "logs" / "gcs_server.out"
+    if logs.exists():
+        said = [line for line in logs.read_text(errors="replace").splitlines() if "dead" in line.lower()]
+        lines += said[:20]
+    return "\n".join(lines)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from servekeeper.testing.harness import HELLO_APP, Servekeeper, free_port, wait_
 from servekeeper.testing.load import Load
 from tests.fleet import Fleet
 from tests.multihost.conftest import apply_yaml
-from tests.multihost.test_gcs_restart import IMPERATIVE, serve_apps, wait_ready
+from tests.multihost.test_gcs_restart import IMPERATIVE, serve_apps, timeline, wait_ready
 from tests.multihost.test_service_on_fleet import FAILURE_LABELS, tagged_pids
 
 pytestmark = [pytest.mark.multihost, pytest.mark.ray, pytest.mark.timeout(600)]
@@ -115,22 +114,3 @@ def test_a_head_whose_host_is_cut_off_moves_with_its_tables_and_serve_recovers(
     wait_until(lambda: not sk.clusters(), 180, "the service's clusters stopped")
     users = json.loads((sk.state_dir / "redis" / "users.json").read_text())
     assert cluster not in users, "its Redis user went with the cluster"
-
-
-def timeline(sk: Servekeeper, result: Any, cut_at: float, head_dir: str) -> str:
-    """What happened when (seconds after the cut): the events, the answers per 5 s, and what the
-    new head's GCS said of nodes."""
-    with sk.db() as db:
-        rows = db.execute("SELECT time, reason, message FROM events WHERE service = ? ORDER BY id", (NAME,))
-        lines = [f"{t - cut_at:7.1f}s {reason}: {message[:2000]}" for t, reason, message in rows if t >= cut_at - 1]
-    buckets: dict[int, list[int]] = {}
-    for when, label in result.timeline:
-        if when >= cut_at:
-            counts = buckets.setdefault(int((when - cut_at) // 5) * 5, [0, 0])
-            counts[label.startswith(FAILURE_LABELS)] += 1
-    lines += [f"{start:4d}-{start + 5}s ok {ok} failed {failed}" for start, (ok, failed) in sorted(buckets.items())]
-    logs = Path(head_dir) / "session_latest" / "logs" / "gcs_server.out"
-    if logs.exists():
-        said = [line for line in logs.read_text(errors="replace").splitlines() if "dead" in line.lower()]
-        lines += said[:20]
-    return "\n".join(lines)
