@@ -92,6 +92,10 @@ async def test_a_head_on_a_silent_host_moves_with_its_tables_and_the_workers_fol
         assert moved.gcs_address in " ".join(world.fleet.argvs[now.temp_dir])
     assert (moved.ports.serve_http, moved.ports.serve_grpc) == (before.ports.serve_http, before.ports.serve_grpc)
     assert moved.left_behind == (head,), "the old head may still run on its silent host"
+    endpoints = world.pools.endpoints(moved, grpc=False)
+    assert [(e.host, e.fallback) for e in endpoints] == [(new_head.address, True)] + [
+        (node.address, False) for node in moved.nodes[1:] if node.address != new_head.address
+    ], "the head's proxy only while no worker's is healthy"
     assert world.service().failure_reason is None and len(world.clusters()) == 1, "the cluster is kept"
     reasons = world.reasons()
     assert reasons.count("HeadMoving") == 1 and reasons.count("HeadRestarted") == 1
@@ -186,3 +190,13 @@ def test_head_move_after_is_for_redis_and_left_out_of_the_hash_when_unset() -> N
     assert redis.spec.rayClusterConfig.gcsFaultTolerance is not None
     assert redis.spec.rayClusterConfig.gcsFaultTolerance.head_move_after() == HEAD_MOVE_AFTER_SECONDS
     assert "headMoveAfterSeconds" not in redis.spec.rayClusterConfig.gcsFaultTolerance.hash_shape()
+
+
+async def test_the_heads_proxy_is_a_fallback_only_on_a_cluster_whose_head_comes_back(
+    world: PoolWorld, tmp_path: Path
+) -> None:
+    shape = {"hostPool": "fleet", "head": {"numCpus": 1}, "workerGroups": [{"name": "w", "replicas": 2, "numCpus": 2}]}
+    plain = await _running(world, tmp_path, make_spec(rayClusterConfig=shape))
+    endpoints = world.pools.endpoints(plain, grpc=True)
+    assert len(endpoints) == 3 and not any(e.fallback for e in endpoints), "a dead head is replaced, never back"
+    assert {e.port for e in endpoints} == {plain.ports.serve_grpc}

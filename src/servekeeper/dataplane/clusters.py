@@ -107,6 +107,33 @@ def render_failover_cluster(backend: str, standby: str, protocol: str = HTTP) ->
     }
 
 
+# A priority level takes all the traffic while any of its endpoints is healthy (Envoy's default,
+# 140%, would spill a share of it to the next level as soon as one endpoint of the first is out).
+ALL_TO_FIRST_HEALTHY_LEVEL = 1_000_000
+
+
+def _load_assignment(name: str, endpoints: tuple[Endpoint, ...]) -> Resource:
+    """The endpoints at priority 0, a fallback one (the head's proxy) at priority 1: it takes
+    traffic only while no other proxy of the cluster is healthy."""
+    levels = [[e for e in endpoints if not e.fallback], [e for e in endpoints if e.fallback]]
+    if not levels[1]:
+        levels = levels[:1]
+    assignment: Resource = {
+        "cluster_name": name,
+        "endpoints": [
+            {
+                **({"priority": priority} if priority else {}),
+                "lb_endpoints": [{"endpoint": {"address": address(e.host, e.port)}} for e in level],
+            }
+            for priority, level in enumerate(levels)
+            if level
+        ],
+    }
+    if len(levels) > 1:
+        assignment["policy"] = {"overprovisioning_factor": ALL_TO_FIRST_HEALTHY_LEVEL}
+    return assignment
+
+
 def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Resource:
     """The backend's HTTP or gRPC cluster; a PREVIEW cluster is its HTTP cluster under another name.
     `fails_over`: a standby stands behind it (see `_outlier_detection`)."""
@@ -129,10 +156,7 @@ def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Res
         "type": "STATIC" if all(_is_ip(e.host) for e in endpoints) else "STRICT_DNS",
         "connect_timeout": "1s",
         "lb_policy": "ROUND_ROBIN",  # a retry then goes to the next host for sure
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address(e.host, e.port)}} for e in endpoints]}],
-        },
+        "load_assignment": _load_assignment(name, endpoints),
         # 0: with no healthy endpoint, answer 503 at once instead of spraying requests at dead ones.
         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
         "health_checks": [

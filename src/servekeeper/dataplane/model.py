@@ -194,12 +194,21 @@ def route_to_json(route: ServiceRoute) -> dict[str, Any]:
         "backends": [
             {
                 "name": b.name,
-                "http": [[e.host, e.port] for e in b.http],
-                "grpc": [[e.host, e.port] for e in b.grpc],
+                "http": [_endpoint_json(e) for e in b.http],
+                "grpc": [_endpoint_json(e) for e in b.grpc],
             }
             for b in route.backends
         ],
     }
+
+
+def _endpoint_json(endpoint: Endpoint) -> list[Any]:
+    return [endpoint.host, endpoint.port, *([True] if endpoint.fallback else [])]
+
+
+def _endpoint(data: list[Any]) -> Endpoint:
+    """[host, port] or [host, port, true] (a fallback): routes stored before fallbacks read as before."""
+    return Endpoint(data[0], data[1], len(data) > 2 and bool(data[2]))
 
 
 def route_from_json(data: Mapping[str, Any]) -> ServiceRoute:
@@ -207,8 +216,8 @@ def route_from_json(data: Mapping[str, Any]) -> ServiceRoute:
         backends = tuple(
             Backend(
                 b["name"],
-                tuple(Endpoint(host, port) for host, port in b["http"]),
-                tuple(Endpoint(host, port) for host, port in b["grpc"]),
+                tuple(_endpoint(e) for e in b["http"]),
+                tuple(_endpoint(e) for e in b["grpc"]),
             )
             for b in data["backends"]
         )

@@ -207,7 +207,12 @@ class PoolProvider:
     def endpoints(self, cluster: ClusterRecord, grpc: bool) -> tuple[Endpoint, ...]:
         port = cluster.ports.serve_grpc if grpc else cluster.ports.serve_http
         # Two nodes on one host share its address and Serve's one proxy port: one endpoint.
-        return tuple(dict.fromkeys(Endpoint(node.address, port) for node in cluster.nodes))
+        addresses = list(dict.fromkeys(node.address for node in cluster.nodes))
+        # With GCS fault tolerance a head comes back, its proxy ready before it knows a replica:
+        # a fallback when other nodes have proxies (see Endpoint.fallback).
+        comes_back = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).gcsFaultTolerance is not None
+        fallback = comes_back and len(addresses) > 1
+        return tuple(Endpoint(address, port, index == 0 and fallback) for index, address in enumerate(addresses))
 
     def start_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
         return cluster  # every node, the head too, starts over SSH in `start_nodes`
