@@ -114,11 +114,16 @@ async def test_serve_ports_taken_on_a_new_host_are_allocated_anew_for_the_whole_
     before = await _running(world, tmp_path, moving_spec(), hosts="abcd")
     spare = ({"a", "b", "c", "d"} - {node.host for node in before.nodes}).pop()
     world.fleet.taken_ports[spare] = {before.ports.serve_http}
+    world.store.update_cluster(before.name, role=ClusterRole.ACTIVE)  # serving: in the route
+    await world.tick()
     await _silent_for(world, before.nodes[0].host, MOVE_AFTER)
     moved = world.cluster(before.name)
     assert moved.nodes[0].host == spare, "the host with the most room, none of the cluster's"
     assert moved.ports.serve_http != before.ports.serve_http
     assert all(node.pid is not None for node in moved.nodes)
+    await world.tick()  # the route is pushed again with the moved endpoints
+    (backend,) = [b for b in world.dataplane.desired["svc"].backends if b.name == before.name]
+    assert {(e.host, e.port) for e in backend.http} == {(n.address, moved.ports.serve_http) for n in moved.nodes}
 
 
 class ForgettingRedisServer(FakeRedisServer):

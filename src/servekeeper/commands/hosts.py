@@ -50,7 +50,7 @@ def hosts_in_use(store: Store, pool: str) -> dict[str, set[str]]:
     in_use: dict[str, set[str]] = {}
     for cluster in store.list_clusters():
         if cluster.pool == pool:
-            for node in cluster.nodes:
+            for node in (*cluster.nodes, *cluster.left_behind):  # a node a head move left may still run
                 in_use.setdefault(node.host, set()).add(cluster.name)
     return in_use
 

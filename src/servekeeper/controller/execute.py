@@ -93,7 +93,8 @@ class Executor:
         elif isinstance(action, act.MoveHead):
             if action.cluster not in self.background:  # a start or stop under way ends first
                 moved = await self.head_moves.move(action)
-                if moved is not None:
+                if moved is not None:  # its endpoints changed: the route is pushed again
+                    self.unacknowledged_routes.add(service.name)
                     self._start_cluster(moved)
         elif isinstance(action, act.SubmitConfig):
             await self.submissions.submit_config(action, service, spec, tick)

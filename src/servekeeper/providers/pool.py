@@ -46,7 +46,7 @@ from servekeeper.providers.cluster_token import (
 from servekeeper.providers.gcs_storage import GcsStorage, head_flags, node_env
 from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
 from servekeeper.providers.pool_liveness import look
-from servekeeper.providers.pool_moves import place_move, stop_left_behind
+from servekeeper.providers.pool_moves import MOVED_FIELDS, place_move, stop_left_behind
 from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, host_rooms, place_cluster
 from servekeeper.providers.ray_start import group_args
 from servekeeper.providers.ssh import HostConnection, SshError
@@ -232,11 +232,13 @@ class PoolProvider:
             with self.store.transaction():
                 check_pool_kept(moved, pool.to_json(), self.store.get_host_pool(cluster.pool))
                 current = self.store.get_cluster(cluster.name)
-                if current is None or current.nodes != cluster.nodes:
+                if current is None or current.nodes != cluster.nodes or current.left_behind != cluster.left_behind:
                     raise RetryableProviderError(f"cluster {cluster.name} changed while its head was placed anew")
-                self.store.put_cluster(moved)
+                # Only what the move changes: an abort or a promote stored meanwhile stays.
+                changes = {key: getattr(moved, key) for key in MOVED_FIELDS}
+                stored = self.store.update_cluster(cluster.name, **changes)
             self._liveness.pop(cluster.name, None)
-            return moved
+            return stored
 
     async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
         """Start the nodes not running yet, head first; each node's pid is recorded as it runs.

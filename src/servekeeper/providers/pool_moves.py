@@ -28,7 +28,14 @@ from servekeeper.store.store import Store
 
 logger = logging.getLogger(__name__)
 
-STOP_LEFT_BEHIND_SECONDS = 8.0  # one try at stopping a left-behind node; its host may still be silent
+STOP_LEFT_BEHIND_SECONDS = 8.0
+MOVED_FIELDS = (
+    "nodes",
+    "ports",
+    "head_pid",
+    "worker_pids",
+    "left_behind",
+)  # what a move changes in a record  # one try at stopping a left-behind node; its host may still be silent
 
 
 async def place_move(
@@ -38,6 +45,10 @@ async def place_move(
     `others`, every other cluster stored) and their ports allocated there; raises Shortfall when
     no host can take them now (a head pinned to its host never moves)."""
     silent = cluster.nodes[0].host
+    # Only a host that does not answer at all: one that answers (again) runs its head, and one
+    # that refuses us (a rotated key, a full disk) may still run it, connected to the same tables.
+    if silent not in await unreachable_hosts(ssh, [silent]):
+        raise RetryableProviderError(f"host {silent} answers again: the head is not moved")
     moving = [i for i, node in enumerate(cluster.nodes) if node.host == silent and not node.stopped]
     needs = node_needs(config)
     placed = [
@@ -49,13 +60,20 @@ async def place_move(
     placed += [(node.host, needs[i]) for i, node in enumerate(cluster.nodes) if i not in moving and not node.stopped]
     rooms = [room for room in host_rooms(pool) if room.name != silent]
     wanted = [needs[i] for i in moving]
-    chosen = place(wanted, free_room(rooms, placed))
+    # Away from the service's other clusters (a hot standby) where there is a choice.
+    avoid = frozenset(
+        node.host
+        for other in others
+        if other.pool == cluster.pool and other.service == cluster.service and other.name != cluster.name
+        for node in other.nodes
+    )
+    chosen = place(wanted, free_room(rooms, placed), avoid)
     unreachable: set[str] = set()
     if not isinstance(chosen, str):
         unreachable = await unreachable_hosts(ssh, sorted(set(chosen)))
         if unreachable:
             rooms = [room for room in rooms if room.name not in unreachable]
-            chosen = place(wanted, free_room(rooms, placed))
+            chosen = place(wanted, free_room(rooms, placed), avoid)
     if isinstance(chosen, str):
         lost = f", unreachable: {sorted(unreachable)}" if unreachable else ""
         raise Shortfall(f"no host of pool {cluster.pool!r} can take the nodes on silent host {silent}: {chosen}{lost}")
@@ -104,7 +122,7 @@ async def _allocate(
         nodes.append(node)
     gcs, dashboard, client_server = singles
     moved_ports = ClusterPorts(gcs, dashboard, client_server, serve[0], serve[1], tuple(node_ports))
-    left = tuple(cluster.nodes[i] for i in moving if cluster.nodes[i].pid is not None)
+    left = tuple(cluster.nodes[i] for i in moving)  # one never recorded running is stopped by its tag
     return cluster.with_changes(
         nodes=tuple(nodes),
         ports=moved_ports,
