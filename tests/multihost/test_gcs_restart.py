@@ -201,17 +201,12 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
     assert apps["hello"]["status"] == "RUNNING", apps
     assert apps["extra"]["source"] == "imperative", apps
     wait_until(lambda: serve_apps(daemon, cluster)["extra"]["status"] == "RUNNING", 60, "the run-time app")
-    # Per client at most: the request in flight on the head's proxy when it died (its connection
-    # reset: Envoy answers 503), one more racing the endpoint's ejection, and the one held by a
-    # worker's proxy through the stall below (its 10 s timeout). Measured: 16-24 of ~1,500 with
-    # 16 clients, and 32 (16 503s, 16 timeouts) once. A full outage would fail them all.
-    assert result.failed <= 3 * CLIENTS, result.failures
-    # The workers' proxies answer while the head is down, but not always: measured 0.21-0.39 s in
-    # 4 runs, and 7.7-16.2 s without any answer in 5 others (the workers' proxies held requests
-    # until the GCS was back, the clients' 10 s timeouts then ran out; cause inside Ray, not
-    # pinned down, see issue 20). A replacement from nothing costs 33-68 s; the issue's goal is
-    # under 1 s. This bound tells the restart in place from a replacement, no more.
-    assert longest_gap < 25, f"{longest_gap:.2f}s without an answer"
+    # The head's proxy is a fallback (no worker's proxy unhealthy: it takes nothing), so the kill
+    # touches no request: 0 failed of ~3,000, 0.23-0.30 s at most without an answer in the three
+    # runs since (7.7-16.2 s in 5 of 9 runs before: a head started again held every request Envoy
+    # sent it until Serve's controller had recovered). Bounds with room for a loaded CI machine.
+    assert result.failed <= CLIENTS, result.failures
+    assert longest_gap < 3, f"{longest_gap:.2f}s without an answer"
     assert result.by_method["POST"] > 0
 
 
