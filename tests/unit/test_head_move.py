@@ -180,6 +180,38 @@ async def test_a_head_does_not_move_when_it_cannot(world: PoolWorld, tmp_path: P
         assert failed == [], "a RocksDB head is never asked to move"
 
 
+async def test_a_move_that_cannot_be_made_is_tried_again_after_a_doubling_delay(
+    world: PoolWorld, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each try probes hosts under the pool's placement lock: not at every tick."""
+    before = await _running(world, tmp_path, moving_spec(head_host="a"))
+    tries: list[float] = []
+    move_head = world.pools.move_head
+
+    async def counted(cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
+        tries.append(world.clock())
+        return await move_head(cluster, config)
+
+    monkeypatch.setattr(world.pools, "move_head", counted)
+    await _silent_for(world, before.nodes[0].host, MOVE_AFTER)
+    first = len(tries)
+    assert first == 1, tries
+
+    async def ticks_after(seconds: float) -> int:
+        world.clock.advance(seconds)
+        world.pools._liveness.clear()
+        await world.tick()
+        await world.background_settled()
+        return len(tries)
+
+    assert await ticks_after(1) == 1, "not at the next tick"
+    assert await ticks_after(4) == 2, "after 5 s"
+    assert await ticks_after(5) == 2, "then after 10 s"
+    assert await ticks_after(5) == 3
+    failed = [event.message for event in world.events() if event.reason == "HeadMoveFailed"]
+    assert len(failed) == 1 and "trying again in 5s" in failed[0], failed
+
+
 async def test_a_move_counts_against_the_heads_restart_budget(world: PoolWorld, tmp_path: Path) -> None:
     before = await _running(world, tmp_path, moving_spec())
     head = replace(before.nodes[0], restarts=MAX_WORKER_RESTARTS)
