@@ -15,6 +15,7 @@ from servekeeper.client.common import LOCK_FILE_NAME
 from servekeeper.dataplane import DataPlane
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import ClusterProvider, ProviderError
+from servekeeper.providers.environments import environments_of
 from servekeeper.providers.local import LocalProvider
 from servekeeper.providers.pool import PoolProvider
 from servekeeper.providers.redis_server import RedisServer, redis_dir
@@ -94,7 +95,8 @@ async def _stop_everything(state_dir: Path) -> OfflineStop:
     store = Store(state_dir / "store.db")
     try:
         # The same providers as the daemon's: a cluster on a host pool is stopped on its hosts too.
-        provider = ProviderRouter(LocalProvider(), PoolProvider(store, state_dir))
+        local = LocalProvider(environments=environments_of(state_dir))
+        provider = ProviderRouter(local, PoolProvider(store, state_dir))
         try:
             # All at once: a silent host costs its timeouts once, not once per cluster.
             clusters = store.list_clusters()

@@ -7,29 +7,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import secrets
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from servekeeper.controller.documents import Packages, SubmittedDocuments
+from servekeeper.controller.environments import EnvironmentBuilds
 from servekeeper.controller.head_moves import HeadMoves
 from servekeeper.controller.metrics import ControllerMetrics
 from servekeeper.controller.observe import DataPlanePort
 from servekeeper.controller.probes import ProbeRunner
+from servekeeper.controller.start_retries import StartRetries
 from servekeeper.controller.submit import ConfigSubmissions, StopTick, TickOutcome
 from servekeeper.core import actions as act
 from servekeeper.core.hooks import Hooks
-from servekeeper.core.planner import MAX_WORKER_RESTARTS
 from servekeeper.core.serve_config import package_hash_of
 from servekeeper.dataplane import Backend, DataPlaneError, ServiceRoute
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
-from servekeeper.model.records import ClusterPorts, ClusterRecord, Event, NodePlacement, ServiceRecord
+from servekeeper.model.records import ClusterPorts, ClusterRecord, Event, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
-from servekeeper.providers.base import ClusterProvider, PermanentProviderError, ProviderError, launched_into
+from servekeeper.providers.base import ClusterProvider, ProviderError, launched_into
+from servekeeper.providers.environments import environments_of
 from servekeeper.providers.local import local_temp_dir
 from servekeeper.rayapi.serve_api import ServeClient
 from servekeeper.store.store import Store
@@ -37,10 +37,6 @@ from servekeeper.store.store import Store
 logger = logging.getLogger(__name__)
 
 UNPLACED = ClusterPorts(0, 0, 0, 0, 0, ())  # a draft's ports: the provider places the cluster
-# A node start that failed on a serving cluster is tried again after a pause that doubles from
-# the first to the last (not every tick: one event per try, so history is not pushed out).
-START_RETRY_FIRST_SECONDS = 5.0
-START_RETRY_MAX_SECONDS = 300.0
 
 
 class Executor:
@@ -74,9 +70,9 @@ class Executor:
         self.shortfalls: dict[str, str] = {}  # service -> why its next cluster cannot be placed now
         self.unacknowledged_routes: set[str] = set()  # services whose last route push failed
         self.background: dict[str, asyncio.Task[None]] = {}  # cluster name -> its start or stop task
-        # cluster -> (node starts failed in a row, when the next try may run; inf: none left)
-        self.start_retries: dict[str, tuple[int, float]] = {}
+        self.start_retries = StartRetries(store, clock)
         self.head_moves = HeadMoves(store, provider, clock)
+        self.environment_builds = EnvironmentBuilds(store, environments_of(state_dir), clock)
         self.submissions = ConfigSubmissions(store, provider, serve, documents, packages, clock, hooks, metrics)
 
     async def execute(self, action: act.Action, service: ServiceRecord, spec: ServiceSpec, tick: TickOutcome) -> None:
@@ -85,7 +81,7 @@ class Executor:
         elif isinstance(action, act.StartCluster):
             cluster = self.store.get_cluster(action.cluster)
             if cluster is not None:
-                cluster = self._retry_due(cluster)
+                cluster = None if cluster.name in self.background else self.start_retries.due(cluster)
             if cluster is not None:
                 self._start_cluster(cluster)
         elif isinstance(action, act.RestartNodes):
@@ -166,6 +162,10 @@ class Executor:
         if cluster.failure_reason is not None:
             return  # failed: the planner deletes it; starting it again would only hide the cause
         config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+        if not self.environment_builds.ready(config):  # built first; a later tick starts it
+            build = self.environment_builds.build(cluster, config)
+            self._in_background(cluster, f"environment-{cluster.name}", build)
+            return
         try:
             if cluster.head_pid is None:
                 started = self.provider.start_head(cluster, config)
@@ -198,7 +198,7 @@ class Executor:
 
         try:
             await self.provider.start_nodes(cluster, config, record)
-            self.start_retries.pop(cluster.name, None)
+            self.start_retries.forget(cluster.name)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -206,7 +206,7 @@ class Executor:
             if current is not None and current.role not in (ClusterRole.PENDING, ClusterRole.STANDBY):
                 # A node of a serving cluster started again: the cluster stays (one node short,
                 # unhealthy, replaced after the threshold); the start is tried again after a pause.
-                message = f"{cluster.name}: {exc}; {self._start_failed(cluster, exc)}"
+                message = f"{cluster.name}: {exc}; {self.start_retries.failed(cluster, exc)}"
                 logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, message)
                 event = Event(cluster.service, self.clock(), "Warning", "NodeStartFailed", message)
                 self.store.add_events([event])
@@ -220,38 +220,6 @@ class Executor:
         head = cluster.nodes[0]
         message = f"the head of {cluster.name} runs again on host {head.host} (pid {head.pid}) with its GCS state"
         self.store.add_events([Event(cluster.service, self.clock(), "Normal", "HeadRestarted", message)])
-
-    def _start_failed(self, cluster: ClusterRecord, error: Exception) -> str:
-        """Schedule the next try of a node start that failed; what the event says of it. Each
-        try counts as a restart of the nodes still down (`_retry_due`): one budget per node,
-        MAX_WORKER_RESTARTS over its cluster's life whatever the cause, kept in the record
-        across controller restarts; spent, the node stays down and the cluster's health says so.
-        A permanent error (a head's GCS tables gone) is not tried again: waiting will not mend it."""
-        current = self.store.get_cluster(cluster.name) or cluster
-        tries = max((node.restarts for node in _down(current)), default=0)
-        failures = self.start_retries.get(cluster.name, (0, 0.0))[0] + 1
-        if isinstance(error, PermanentProviderError):
-            self.start_retries[cluster.name] = (failures, math.inf)
-            return "not tried again (waiting will not mend it): the node stays down"
-        if tries >= MAX_WORKER_RESTARTS:
-            self.start_retries[cluster.name] = (failures, math.inf)
-            return f"no tries left (restart {tries} of at most {MAX_WORKER_RESTARTS}): the node stays down"
-        # (the exponent capped: a count without a restart budget, a record without nodes, keeps growing)
-        delay = min(START_RETRY_FIRST_SECONDS * 2 ** min(failures - 1, 16), START_RETRY_MAX_SECONDS)
-        self.start_retries[cluster.name] = (failures, self.clock() + delay)
-        return f"trying again in {delay:g}s (restart {tries} of at most {MAX_WORKER_RESTARTS})"
-
-    def _retry_due(self, cluster: ClusterRecord) -> ClusterRecord | None:
-        """The cluster to start, or None while its failed start waits for its next try; a try
-        that is due counts as a restart of each node still down."""
-        retry = self.start_retries.get(cluster.name)
-        if retry is None:
-            return cluster
-        if cluster.name in self.background or self.clock() < retry[1]:
-            return None
-        down = _down(cluster)
-        nodes = tuple(replace(node, restarts=node.restarts + 1) if node in down else node for node in cluster.nodes)
-        return self.store.update_cluster(cluster.name, nodes=nodes)
 
     def _restart_nodes(self, action: act.RestartNodes) -> None:
         """Clear the exited nodes' pids in the record as stored now (a start beside the ticks may
@@ -376,7 +344,7 @@ class Executor:
             )
             return
         self.store.remove_cluster(cluster.name)
-        self.start_retries.pop(cluster.name, None)
+        self.start_retries.forget(cluster.name)
         self.probes.forget(cluster.name)
         self.documents.forget(cluster.name)
         self.store.add_events(
@@ -390,9 +358,3 @@ class Executor:
                 self.store.update_cluster(cluster.name, **changes)
 
         return list(await self.provider.stop(cluster, record))
-
-
-def _down(cluster: ClusterRecord) -> list[NodePlacement]:
-    """The nodes of a cluster not running (their start failed, or is due): workers, and a head
-    started again in place (GCS fault tolerance)."""
-    return [node for node in cluster.nodes if node.pid is None and not node.stopped]

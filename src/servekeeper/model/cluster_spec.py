@@ -7,10 +7,13 @@ import math
 import re
 from typing import Literal
 
+from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import Field, field_validator, model_validator
 
 from servekeeper.model.base import DNS_LABEL, StrictModel
 
+RAY_VERSION = re.compile(r"^\d+\.\d+\.\d+$")  # a Ray release, as `pip install ray==` takes it
+PYTHON_VERSION = re.compile(r"^3\.\d{1,2}$")  # a Python minor version: an interpreter on the host
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 START_PARAM_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
 
@@ -196,6 +199,11 @@ class RayClusterConfigSpec(StrictModel):
     workerGroups: list[WorkerGroupSpec] = Field(default_factory=list)
     # None: a head that dies takes the cluster's state with it (replaced after the threshold).
     gcsFaultTolerance: GcsFaultToleranceSpec | None = None
+    # What an image would hold: the Ray release and Python of every node, and extra packages
+    # (requirement specifiers, resolved once and locked). None and []: the controller's own.
+    rayVersion: str | None = Field(default=None, pattern=RAY_VERSION.pattern)
+    pythonVersion: str | None = Field(default=None, pattern=PYTHON_VERSION.pattern)
+    pip: list[str] = Field(default_factory=list, max_length=200)
 
     def worker_count(self) -> int:
         return sum(group.replicas for group in self.workerGroups)
@@ -207,6 +215,24 @@ class RayClusterConfigSpec(StrictModel):
             if any(ch in pattern for ch in "\x00\n\r"):
                 raise ValueError(f"excludes pattern {pattern!r} contains a NUL or line break")
         return patterns
+
+    @field_validator("pip")
+    @classmethod
+    def _pip_holds_requirements(cls, requirements: list[str]) -> list[str]:
+        """Requirement specifiers only: an option (`--index-url`, `-e`) would reach uv's command line."""
+        for requirement in requirements:
+            if requirement.lstrip().startswith("-"):
+                raise ValueError(f"pip entry {requirement!r} is an option, not a requirement")
+            try:
+                parsed = Requirement(requirement)
+            except InvalidRequirement as exc:
+                raise ValueError(f"pip entry {requirement!r} is not a requirement: {exc}") from None
+            if parsed.url:
+                raise ValueError(f"pip entry {requirement!r} names a URL: only packages of the index are resolved")
+        return requirements
+
+    def has_own_environment(self) -> bool:
+        return self.rayVersion is not None or self.pythonVersion is not None or bool(self.pip)
 
     @model_validator(mode="after")
     def _hosts_need_a_pool(self) -> RayClusterConfigSpec:
@@ -260,5 +286,17 @@ def gcs_problems(config: RayClusterConfigSpec) -> list[str]:
         return [
             "spec.rayClusterConfig.gcsFaultTolerance.backend: redis needs a hostPool (a head on this machine is "
             "started again in place with its tables in RocksDB: use backend: rocksdb)"
+        ]
+    return []
+
+
+def environment_problems(config: RayClusterConfigSpec) -> list[str]:
+    """Issue 21's first step builds environments for clusters on this machine: a pool cluster
+    asking for its own would otherwise run the hosts' Ray without a word."""
+    if config.hostPool is not None and config.has_own_environment():
+        fields = [name for name in ("rayVersion", "pythonVersion", "pip") if getattr(config, name)]
+        return [
+            f"spec.rayClusterConfig.{fields[0]}: a cluster's own environment is built on this machine only for now; "
+            f"on hostPool {config.hostPool!r} its nodes run the Ray and Python installed on the hosts"
         ]
     return []

@@ -18,7 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from servekeeper.model.base import DNS_LABEL, StrictModel
 from servekeeper.model.canary_spec import CanarySpec
-from servekeeper.model.cluster_spec import RayClusterConfigSpec, fractional_resource_problems, gcs_problems
+from servekeeper.model.cluster_spec import (
+    RayClusterConfigSpec,
+    environment_problems,
+    fractional_resource_problems,
+    gcs_problems,
+)
 
 MAX_SPEC_BYTES = 1_000_000
 
@@ -208,8 +213,8 @@ class ServiceSpec(StrictModel):
             for key in ("numGpus", "memory", "host"):
                 if group.get(key) is None:
                     group.pop(key, None)
-        for key in ("hostPool", "gcsFaultTolerance"):
-            if shape.get(key) is None:
+        for key in ("hostPool", "gcsFaultTolerance", "rayVersion", "pythonVersion", "pip"):
+            if not shape.get(key):
                 shape.pop(key, None)
         if self.spec.rayClusterConfig.gcsFaultTolerance is not None:
             shape["gcsFaultTolerance"] = self.spec.rayClusterConfig.gcsFaultTolerance.hash_shape()
@@ -257,7 +262,8 @@ def parse_spec(document: Any) -> ServiceSpec:
         spec = ServiceSpec.model_validate(document)
     except ValidationError as exc:
         raise SpecError(format_errors(exc)) from exc
-    problems = fractional_resource_problems(spec.spec.rayClusterConfig) + gcs_problems(spec.spec.rayClusterConfig)
+    config = spec.spec.rayClusterConfig
+    problems = fractional_resource_problems(config) + gcs_problems(config) + environment_problems(config)
     if problems:
         raise SpecError(problems)
     return spec

@@ -37,6 +37,7 @@ from servekeeper.providers.base import (
     nodes_restarting,
     with_nodes,
 )
+from servekeeper.providers.environments import Environment, Environments
 from servekeeper.providers.gcs_storage import node_env
 from servekeeper.providers.local_nodes import (
     NODE_TAG_ENV,
@@ -47,6 +48,7 @@ from servekeeper.providers.local_nodes import (
     node_tag,
     nodes_of,
     placed_nodes,
+    ray_executable,
     stop_leftovers,
     worker_command,
     worker_groups,
@@ -66,8 +68,13 @@ HEAD_GCS_WAIT_SECONDS = 60.0
 OWNER_ENV = "SERVEKEEPER_CLUSTER_LOG_DIR"
 
 
-def _environment(cluster: ClusterRecord, index: int, extra: dict[str, str], loopback_only: bool) -> dict[str, str]:
+def _environment(
+    cluster: ClusterRecord, index: int, extra: dict[str, str], loopback_only: bool, own: Environment | None = None
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    if own is not None:  # the cluster's own Ray and Python first, as if its virtualenv were active
+        env["PATH"] = os.pathsep.join([str(own.ray.parent), env.get("PATH", "")])
+        env["VIRTUAL_ENV"] = str(own.path)
     env.update(extra)
     # Every process of the cluster inherits this tag, actor workers included: a last-resort
     # way to find stragglers that left the cluster's sessions.
@@ -146,8 +153,9 @@ def private_temp_dir(temp_dir: str) -> None:
 
 
 class LocalProvider:
-    def __init__(self, hooks: Hooks | None = None) -> None:
+    def __init__(self, hooks: Hooks | None = None, environments: Environments | None = None) -> None:
         self.hooks = hooks or Hooks()
+        self.environments = environments  # None: every cluster runs the controller's own Ray
         # Children we started in this process: reaped so they do not linger as zombies.
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -186,14 +194,23 @@ class LocalProvider:
     def _spawn_node(self, cluster: ClusterRecord, config: RayClusterConfigSpec, index: int) -> int:
         """Start node `index` (0: the head) of the cluster; its pid, also its session id."""
         log_path = Path(cluster.log_dir) / log_names(config)[index]
+        environment = self._environment_of(config)
+        ray = str(environment.ray) if environment is not None else ray_executable()
         if index == 0:
             extra = {**config.head.env, **node_env(config, "head", cluster.name, cluster.temp_dir, None)}
-            env = _environment(cluster, 0, extra, loopback_only=config.worker_count() == 0)
-            return self._spawn(head_command(cluster, config.head), env, log_path)
+            env = _environment(cluster, 0, extra, loopback_only=config.worker_count() == 0, own=environment)
+            return self._spawn(head_command(cluster, config.head, ray), env, log_path)
         group = worker_groups(config)[index - 1]
         extra = {**group.env, **node_env(config, "worker", cluster.name, cluster.temp_dir, None)}
-        env = _environment(cluster, index, extra, loopback_only=False)
-        return self._spawn(worker_command(cluster, index, group), env, log_path)
+        env = _environment(cluster, index, extra, loopback_only=False, own=environment)
+        return self._spawn(worker_command(cluster, index, group, ray), env, log_path)
+
+    def _environment_of(self, config: RayClusterConfigSpec) -> Environment | None:
+        if not config.has_own_environment():
+            return None
+        if self.environments is None:
+            raise PermanentProviderError("this controller builds no environments: rayVersion, pythonVersion, pip")
+        return self.environments.lookup(config)
 
     def needs_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> bool:
         return any(node.pid is None and not node.stopped for node in nodes_of(cluster))

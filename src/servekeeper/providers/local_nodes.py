@@ -41,10 +41,11 @@ def ray_executable() -> str:
     return found
 
 
-def head_command(cluster: ClusterRecord, head: HeadGroupSpec) -> list[str]:
+def head_command(cluster: ClusterRecord, head: HeadGroupSpec, ray: str) -> list[str]:
+    """`ray`: the command of the cluster's environment (`ray_executable()`: the controller's)."""
     ports = cluster.ports
     return [
-        ray_executable(),
+        ray,
         "start",
         "--head",
         "--block",
@@ -61,9 +62,9 @@ def head_command(cluster: ClusterRecord, head: HeadGroupSpec) -> list[str]:
     ]
 
 
-def worker_command(cluster: ClusterRecord, node_index: int, group: WorkerGroupSpec) -> list[str]:
+def worker_command(cluster: ClusterRecord, node_index: int, group: WorkerGroupSpec, ray: str) -> list[str]:
     return [
-        ray_executable(),
+        ray,
         "start",
         "--block",
         f"--address=127.0.0.1:{cluster.ports.gcs}",

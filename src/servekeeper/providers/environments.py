@@ -1,0 +1,223 @@
+"""A cluster's own environment (issue 21): the Ray release, Python and extra packages its spec
+declares (`rayVersion`, `pythonVersion`, `pip`), in a virtualenv built with uv under the state
+dir, as an image would hold them. Content-addressed twice: the request (Python, Ray, packages,
+platform) is resolved once into a lock, kept; the environment is named by the lock's hash, so
+every cluster whose request resolves alike shares one build. A virtualenv's scripts name their
+own path (`bin/ray` starts with its interpreter's), so it is built where it stays, and a marker
+written last tells a finished build from one a crash cut short."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import uv
+
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.providers.base import PermanentProviderError
+
+ENVIRONMENTS = "environments"  # under the state dir
+READY_MARK = ".servekeeper-ready"
+LOCKS = "locks"
+ANSWER_TAIL = 2000  # characters of uv's message kept in an event
+
+# (argv, extra environment) -> (exit code, output): uv run for real, or a test's stand-in
+CommandRunner = Callable[[Sequence[str], dict[str, str]], Awaitable[tuple[int, str]]]
+
+
+class EnvironmentFailed(PermanentProviderError):
+    """A resolve or install that failed: waiting will not mend it; the spec must change."""
+
+
+@dataclass(frozen=True)
+class EnvironmentRequest:
+    python: str  # a minor version, "3.11"
+    ray: str  # a release, "2.59.0"
+    packages: tuple[str, ...]  # requirement specifiers as declared, sorted
+    platform: str
+
+    @classmethod
+    def of(cls, config: RayClusterConfigSpec) -> EnvironmentRequest | None:
+        """None: the cluster runs the controller's own Ray and Python."""
+        if not config.has_own_environment():
+            return None
+        return cls(
+            python=config.pythonVersion or f"{sys.version_info.major}.{sys.version_info.minor}",
+            ray=config.rayVersion or version("ray"),
+            packages=tuple(sorted(config.pip)),
+            platform=sysconfig.get_platform(),
+        )
+
+    def key(self) -> str:
+        return _digest(json.dumps([self.python, self.ray, self.packages, self.platform]))
+
+    def requirements(self) -> list[str]:
+        # Serve's extra (its proxy, the REST config API) is what a node of a service needs.
+        return [f"ray[serve]=={self.ray}", *self.packages]
+
+    def describe(self) -> str:
+        extra = f" with {', '.join(self.packages)}" if self.packages else ""
+        return f"Ray {self.ray} on Python {self.python}{extra}"
+
+
+@dataclass(frozen=True)
+class Environment:
+    key: str  # the lock's hash: the directory's name
+    path: Path
+
+    @property
+    def ray(self) -> Path:
+        return self.path / "bin" / "ray"
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def locked_set(compiled: str) -> str:
+    """The resolved pins alone (no comments, sorted): what the environment's name hashes."""
+    pins = (line.strip() for line in compiled.splitlines())
+    return "".join(f"{pin}\n" for pin in sorted(p for p in pins if p and not p.startswith("#")))
+
+
+def find_interpreters(search: Iterable[Path] | None = None) -> dict[str, Path]:
+    """The Python interpreters of this machine by minor version (3.10 -> its path): on PATH and
+    under pyenv's versions. pyenv's shims are left out: they answer only for the selected one."""
+    found: dict[str, Path] = {}
+    if search is None:
+        path_dirs = [Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p and "shims" not in p]
+        search = [*path_dirs, *sorted(Path.home().glob(".pyenv/versions/3.*/bin"))]
+    for directory in search:
+        for candidate in sorted(directory.glob("python3.*")):
+            minor = candidate.name.removeprefix("python")
+            if minor.count(".") == 1 and minor.replace(".", "").isdigit() and os.access(candidate, os.X_OK):
+                found.setdefault(minor, candidate)
+    return found
+
+
+async def run_uv(argv: Sequence[str], extra_env: dict[str, str]) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        uv.find_uv_bin(),
+        *argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **extra_env},
+    )
+    output, _ = await process.communicate()
+    return process.returncode or 0, output.decode(errors="replace")
+
+
+def environments_of(state_dir: Path) -> Environments:
+    return Environments(state_dir / ENVIRONMENTS)
+
+
+class Environments:
+    """The environments under one state dir: looked up by a cluster's spec, built once, pruned."""
+
+    def __init__(
+        self,
+        root: Path,
+        run: CommandRunner = run_uv,
+        interpreters: Callable[[], dict[str, Path]] = find_interpreters,
+    ) -> None:
+        self.root = root
+        self.run = run
+        self.interpreters = interpreters
+        self.building: dict[str, asyncio.Lock] = {}  # request key -> its build (one at a time)
+
+    def built(self, request: EnvironmentRequest) -> Environment | None:
+        """The request's environment if a finished build of it is here."""
+        lock = self.root / LOCKS / f"{request.key()}.txt"
+        if not lock.exists():
+            return None
+        environment = self._named(lock.read_text())
+        return environment if (environment.path / READY_MARK).exists() else None
+
+    def lookup(self, config: RayClusterConfigSpec) -> Environment | None:
+        """The built environment of this spec; None for a spec on the controller's own. Raises
+        EnvironmentFailed when it has not been built: a node is never started on a half one."""
+        request = EnvironmentRequest.of(config)
+        if request is None:
+            return None
+        environment = self.built(request)
+        if environment is None:
+            raise EnvironmentFailed(f"the environment of {request.describe()} is not built")
+        return environment
+
+    async def prepare(self, request: EnvironmentRequest) -> tuple[Environment, bool]:
+        """The environment of `request`, built now if no cluster had it yet; True if built now."""
+        key = request.key()
+        async with self.building.setdefault(key, asyncio.Lock()):
+            lock = self.root / LOCKS / f"{key}.txt"
+            if not lock.exists():
+                lock.parent.mkdir(parents=True, exist_ok=True)
+                wanted = lock.with_suffix(".in")
+                wanted.write_text("".join(f"{line}\n" for line in request.requirements()))
+                interpreter = self._interpreter(request.python)
+                compiled = lock.with_suffix(".compiled")
+                argv = ["pip", "compile", str(wanted), "--python", str(interpreter), "--quiet", "-o", str(compiled)]
+                await self._uv(argv, request)
+                temporary = lock.with_suffix(".tmp")
+                temporary.write_text(locked_set(compiled.read_text()))
+                temporary.replace(lock)  # a request's lock, once written, is its resolution for good
+            environment = self._named(lock.read_text())
+            if (environment.path / READY_MARK).exists():
+                return environment, False
+            await self._build(environment, lock, request)
+            return environment, True
+
+    async def _build(self, environment: Environment, lock: Path, request: EnvironmentRequest) -> None:
+        shutil.rmtree(environment.path, ignore_errors=True)  # a build a crash cut short
+        interpreter = self._interpreter(request.python)
+        await self._uv(["venv", "--quiet", "--python", str(interpreter), str(environment.path)], request)
+        await self._uv(["pip", "sync", "--quiet", "--python", str(environment.python), str(lock)], request)
+        (environment.path / READY_MARK).write_text(json.dumps({"python": request.python, "ray": request.ray}))
+
+    def _interpreter(self, minor: str) -> Path:
+        interpreters = self.interpreters()
+        if minor not in interpreters:
+            have = ", ".join(sorted(interpreters)) or "none"
+            raise EnvironmentFailed(f"pythonVersion {minor}: no such interpreter on this machine (it has {have})")
+        return interpreters[minor]
+
+    async def _uv(self, argv: list[str], request: EnvironmentRequest) -> str:
+        # Never a Python downloaded: the interpreters are the host's own, found above.
+        code, output = await self.run(argv, {"UV_PYTHON_DOWNLOADS": "never"})
+        if code != 0:
+            told = output[-ANSWER_TAIL:].strip()
+            raise EnvironmentFailed(f"{request.describe()}: uv {argv[0]} {argv[1]} failed: {told}")
+        return output
+
+    def _named(self, locked: str) -> Environment:
+        key = _digest(locked)
+        return Environment(key, self.root / key)
+
+    def prune(self, used: Iterable[RayClusterConfigSpec]) -> list[str]:
+        """Delete every environment that no spec in `used` (the clusters', the kept revisions')
+        resolves to; their names. A lock stays: it is the request's resolution, a few lines."""
+        keep = set()
+        for config in used:
+            request = EnvironmentRequest.of(config)
+            lock = self.root / LOCKS / f"{request.key()}.txt" if request is not None else None
+            if lock is not None and lock.exists():
+                keep.add(self._named(lock.read_text()).key)
+        removed = []
+        for directory in sorted(self.root.iterdir()) if self.root.exists() else []:
+            if directory.name != LOCKS and directory.is_dir() and directory.name not in keep:
+                shutil.rmtree(directory, ignore_errors=True)
+                removed.append(directory.name)
+        return removed

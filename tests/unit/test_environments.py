@@ -1,0 +1,176 @@
+"""A cluster's own environment (issue 21), uv faked: the spec's fields and what they hash, a
+request resolved once and built once, shared by every request that resolves alike, a failure
+told with uv's message, a build a crash cut short done again, and pruning."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.spec import SpecError
+from servekeeper.providers.environments import (
+    READY_MARK,
+    EnvironmentFailed,
+    EnvironmentRequest,
+    Environments,
+    find_interpreters,
+    locked_set,
+)
+from tests.unit.test_controller import make_spec
+
+
+class FakeUv:
+    """uv's three commands, as files: compile pins each requirement (`ray[serve]==2.59.0` stays;
+    a bare name gets ==1.0, or what `resolves` says), venv makes bin/, sync writes bin/ray."""
+
+    def __init__(self, resolves: dict[str, str] | None = None, fail: str | None = None) -> None:
+        self.resolves = resolves or {}
+        self.fail = fail
+        self.calls: list[list[str]] = []
+
+    async def __call__(self, argv: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
+        assert env["UV_PYTHON_DOWNLOADS"] == "never"
+        self.calls.append(list(argv))
+        if self.fail is not None and self.fail in argv[:2]:
+            return 1, "  × No solution found when resolving dependencies:\n  ╰─▶ nope-not-a-package was not found"
+        if argv[:2] == ["pip", "compile"]:
+            wanted = Path(argv[2]).read_text().split()
+            pins = [self.resolves.get(w, w if "==" in w else f"{w}==1.0") for w in wanted]
+            Path(argv[argv.index("-o") + 1]).write_text("# compiled\n" + "\n".join(pins) + "\n    # via x\n")
+        elif argv[0] == "venv":
+            (Path(argv[-1]) / "bin").mkdir(parents=True)
+        elif argv[:2] == ["pip", "sync"]:
+            python = Path(argv[argv.index("--python") + 1])
+            (python.parent / "ray").write_text("#!ray")
+        return 0, ""
+
+    def count(self, *command: str) -> int:
+        return sum(1 for call in self.calls if call[: len(command)] == list(command))
+
+
+def interpreters() -> dict[str, Path]:
+    return {"3.10": Path("/usr/bin/python3.10"), "3.11": Path("/usr/bin/python3.11")}
+
+
+def config(**fields: Any) -> RayClusterConfigSpec:
+    return RayClusterConfigSpec.model_validate(fields)
+
+
+def request_of(**fields: Any) -> EnvironmentRequest:
+    request = EnvironmentRequest.of(config(**fields))
+    assert request is not None
+    return request
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"rayVersion": "2.59"}, "rayVersion"),
+        ({"pythonVersion": "3"}, "pythonVersion"),
+        ({"pip": ["--index-url=http://x"]}, "is an option"),
+        ({"pip": ["-e ."]}, "is an option"),
+        ({"pip": ["torch @ https://example.invalid/torch.whl"]}, "names a URL"),
+        ({"pip": ["not a requirement!"]}, "is not a requirement"),
+    ],
+)
+def test_the_environment_fields_are_checked_at_apply(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        config(**fields)
+
+
+def test_unset_fields_keep_a_clusters_hash_and_each_set_one_changes_it() -> None:
+    base = make_spec().cluster_spec_hash()
+    assert make_spec(rayClusterConfig={}).cluster_spec_hash() == base
+    changed = {
+        make_spec(rayClusterConfig={"rayVersion": "2.59.0"}).cluster_spec_hash(),
+        make_spec(rayClusterConfig={"pythonVersion": "3.10"}).cluster_spec_hash(),
+        make_spec(rayClusterConfig={"pip": ["numpy"]}).cluster_spec_hash(),
+    }
+    assert len(changed) == 3 and base not in changed
+    assert EnvironmentRequest.of(config()) is None, "no own environment: the controller's"
+
+
+def test_a_request_defaults_to_the_controllers_python_and_ray_and_ignores_the_order_of_pip() -> None:
+    request = request_of(pip=["b", "a"])
+    assert request.packages == ("a", "b") and request.requirements()[0].startswith("ray[serve]==")
+    assert request.key() == request_of(pip=["a", "b"]).key()
+    assert request.key() != request_of(pip=["a", "b"], pythonVersion="3.10").key()
+
+
+async def test_an_environment_is_resolved_once_built_once_and_shared(tmp_path: Path) -> None:
+    uv = FakeUv(resolves={"numpy": "numpy==2.0", "numpy>=2": "numpy==2.0"})
+    environments = Environments(tmp_path, run=uv, interpreters=interpreters)
+    first, built = await environments.prepare(request_of(rayVersion="2.59.0", pip=["numpy"]))
+    assert built and (first.path / READY_MARK).exists() and first.ray.exists()
+    again, built = await environments.prepare(request_of(rayVersion="2.59.0", pip=["numpy"]))
+    assert (again, built) == (first, False)
+    assert uv.count("pip", "compile") == 1 and uv.count("venv") == 1, "resolved once, built once"
+    # Another request that resolves to the same pins: the same environment, not built again.
+    same, built = await environments.prepare(request_of(rayVersion="2.59.0", pip=["numpy>=2"]))
+    assert same == first and not built and uv.count("pip", "compile") == 2 and uv.count("venv") == 1
+    assert environments.lookup(config(rayVersion="2.59.0", pip=["numpy"])) == first
+    assert environments.lookup(config()) is None, "the controller's own"
+    venv = next(call for call in uv.calls if call[0] == "venv")
+    assert venv[venv.index("--python") + 1] == "/usr/bin/python3.11", "the controller's minor version"
+
+
+async def test_a_failed_resolve_is_told_with_uvs_message_and_nothing_is_left_as_built(tmp_path: Path) -> None:
+    environments = Environments(tmp_path, run=FakeUv(fail="compile"), interpreters=interpreters)
+    spec = config(pip=["nope-not-a-package"])
+    request = EnvironmentRequest.of(spec)
+    assert request is not None
+    with pytest.raises(EnvironmentFailed, match="nope-not-a-package was not found") as failed:
+        await environments.prepare(request)
+    assert "uv pip compile failed" in str(failed.value)
+    with pytest.raises(EnvironmentFailed, match="is not built"):
+        environments.lookup(spec)
+
+
+async def test_a_python_the_machine_lacks_is_refused_by_version(tmp_path: Path) -> None:
+    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters)
+    with pytest.raises(EnvironmentFailed, match=r"pythonVersion 3.13: no such interpreter .*has 3.10, 3.11"):
+        await environments.prepare(request_of(pythonVersion="3.13"))
+
+
+async def test_a_build_cut_short_is_done_again_from_nothing(tmp_path: Path) -> None:
+    uv = FakeUv()
+    environments = Environments(tmp_path, run=uv, interpreters=interpreters)
+    request = request_of(rayVersion="2.59.0")
+    environment, _ = await environments.prepare(request)
+    (environment.path / READY_MARK).unlink()  # as if the controller died before the marker
+    (environment.path / "half-copied").write_text("x")
+    assert environments.built(request) is None
+    again, built = await environments.prepare(request)
+    assert again == environment and built and not (environment.path / "half-copied").exists()
+
+
+async def test_pruning_deletes_what_no_spec_uses_and_never_what_one_does(tmp_path: Path) -> None:
+    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters)
+    kept, _ = await environments.prepare(request_of(rayVersion="2.59.0"))
+    dropped, _ = await environments.prepare(request_of(rayVersion="2.58.0"))
+    assert environments.prune([config(rayVersion="2.59.0"), config()]) == [dropped.key]
+    assert kept.path.exists() and not dropped.path.exists()
+    assert environments.prune([config(rayVersion="2.59.0")]) == []
+
+
+def test_locked_set_keeps_pins_alone_in_order() -> None:
+    assert locked_set("# header\nb==1\n    # via a\n\na==2\n") == "a==2\nb==1\n"
+
+
+def test_interpreters_are_found_by_minor_version(tmp_path: Path) -> None:
+    for name in ("python3.10", "python3.12", "python3.12-config", "python3"):
+        executable = tmp_path / name
+        executable.write_text("")
+        executable.chmod(0o755)
+    found = find_interpreters([tmp_path])
+    assert found == {"3.10": tmp_path / "python3.10", "3.12": tmp_path / "python3.12"}
+
+
+def test_a_pool_cluster_asking_for_its_own_environment_is_refused_by_field() -> None:
+    with pytest.raises(SpecError, match=r"spec.rayClusterConfig.pip: .*on hostPool 'fleet'"):
+        make_spec(rayClusterConfig={"hostPool": "fleet", "pip": ["numpy"]})
