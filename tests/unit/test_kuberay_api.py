@@ -59,10 +59,13 @@ def test_sample_is_applied_with_notes_in_the_view_and_exported(client: TestClien
     assert yaml.safe_load(exported)["apiVersion"] == "ray.io/v1"
 
 
-def test_version_mismatch_is_a_422_naming_both(client: TestClient) -> None:
+def test_a_sample_on_another_ray_is_applied_and_exported_on_that_ray(client: TestClient) -> None:
     response = apply(client, sample_documents("ray-service.sample.yaml", ray_version=None))
-    assert response.status_code == 422
-    assert f"asks for Ray 2.52.0, but servekeeper runs Ray {RAY}" in response.json()["detail"]["problems"][0]
+    assert response.status_code < 300, response.text
+    exported = client.get("/api/v1/services/rayservice-sample/export", headers=AUTH).json()["manifest"]
+    cluster = yaml.safe_load(exported)["spec"]["rayClusterConfig"]
+    assert cluster["rayVersion"] == "2.52.0" != RAY
+    assert cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == "rayproject/ray:2.52.0"
 
 
 def test_gpu_sample_is_refused_with_insufficient_capacity_naming_gpu(client: TestClient) -> None:

@@ -147,6 +147,22 @@ def test_a_head_that_moves_host_round_trips_in_the_extensions() -> None:
     assert extensions["headMoveAfterSeconds"] == 12
 
 
+def test_a_cluster_of_its_own_ray_python_and_packages_round_trips() -> None:
+    """rayVersion and pythonVersion in KubeRay's rayVersion and image tags, pip in the extensions."""
+    spec = _spec()
+    own = {"rayVersion": "2.52.0", "pythonVersion": "3.10", "pip": ["numpy==2.1.0"]}
+    config = spec.spec.rayClusterConfig.model_copy(update=own)
+    spec = spec.model_copy(update={"spec": spec.spec.model_copy(update={"rayClusterConfig": config})})
+    text, back = roundtrip(spec)
+    assert back == spec
+    manifest = yaml.safe_load(text)
+    cluster = manifest["spec"]["rayClusterConfig"]
+    assert cluster["rayVersion"] == "2.52.0"
+    assert cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == "rayproject/ray:2.52.0-py310"
+    extensions = json.loads(manifest["metadata"]["annotations"]["servekeeper.io/extensions"])
+    assert extensions["pip"] == ["numpy==2.1.0"]
+
+
 def test_manifest_shape() -> None:
     manifest, _ = export_manifest(_spec(), RAY)
     cluster = manifest["spec"]["rayClusterConfig"]

@@ -83,17 +83,52 @@ CONTAINER_PATH = f"{HEAD_PATH}.template.spec.containers[0]"
 # -- KubeRay's samples ------------------------------------------------------------------------
 
 
-def test_sample_as_shipped_is_refused_for_its_ray_version_naming_both() -> None:
-    found = problems(sample_documents("ray-service.sample.yaml", ray_version=None))
-    assert found == [
-        f"spec.rayClusterConfig.rayVersion: asks for Ray 2.52.0, but servekeeper runs Ray {RAY} (one cluster, one "
-        f"Ray version): set it to {RAY}, or run servekeeper with Ray 2.52.0 installed",
-        f"{CONTAINER_PATH}.image: asks for Ray 2.52.0, but servekeeper runs Ray {RAY} (one cluster, one Ray "
-        f"version): set it to {RAY}, or run servekeeper with Ray 2.52.0 installed",
-        "spec.rayClusterConfig.workerGroupSpecs[0].template.spec.containers[0].image: asks for Ray 2.52.0, but "
-        f"servekeeper runs Ray {RAY} (one cluster, one Ray version): set it to {RAY}, or run servekeeper with Ray "
-        "2.52.0 installed",
-    ]
+def test_sample_as_shipped_runs_on_the_ray_it_declares() -> None:
+    """Issue 21: KubeRay's samples ask for Ray 2.52.0 (rayVersion and the image tags): the
+    cluster gets that Ray in an environment of its own, on the controller's Python (no -pyXY)."""
+    config = run_import(sample_documents("ray-service.sample.yaml", ray_version=None)).spec.spec.rayClusterConfig
+    assert (config.rayVersion, config.pythonVersion, config.pip) == ("2.52.0", None, [])
+    on_ours = run_import(sample_documents("ray-service.sample.yaml")).spec.spec.rayClusterConfig
+    assert (on_ours.rayVersion, on_ours.pythonVersion) == (None, None), "the controller's own: unset, as before"
+
+
+@pytest.mark.parametrize(
+    ("image", "ray", "python"),
+    [
+        ("rayproject/ray:2.52.0-py310", "2.52.0", "3.10"),
+        ("rayproject/ray:2.52.0-py39-gpu", "2.52.0", "3.9"),
+        ("rayproject/ray-ml:2.46.0.0e19ea-py312-cu121", "2.46.0", "3.12"),
+        ("registry.example/team/ray:2.50.1@sha256:abc", "2.50.1", None),
+    ],
+)
+def test_an_image_tag_gives_the_ray_and_python_of_the_cluster(image: str, ray: str, python: str | None) -> None:
+    documents = sample_documents("ray-service.sample.yaml", ray_version=None)
+    cluster = documents[0]["spec"]["rayClusterConfig"]
+    cluster["rayVersion"] = ray
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        group["template"]["spec"]["containers"][0]["image"] = image
+    config = run_import(documents).spec.spec.rayClusterConfig
+    assert (config.rayVersion, config.pythonVersion) == (ray, python)
+
+
+def test_nodes_asking_for_different_rays_are_refused_naming_each() -> None:
+    documents = sample_documents("ray-service.sample.yaml", ray_version=None)
+    worker = documents[0]["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    worker["template"]["spec"]["containers"][0]["image"] = "rayproject/ray:2.51.0"
+    (found,) = problems(documents)
+    assert found.startswith("spec.rayClusterConfig.rayVersion: the nodes of one cluster run one rayVersion;")
+    worker_image = "workerGroupSpecs[0].template.spec.containers[0].image: 2.51.0"
+    assert f"{CONTAINER_PATH}.image: 2.52.0" in found and worker_image in found
+
+
+def test_an_image_without_a_release_leaves_the_ray_to_rayversion() -> None:
+    documents = sample_documents("ray-service.sample.yaml", ray_version=None)
+    documents[0]["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = (
+        "registry.example/team/model:latest"
+    )
+    result = run_import(documents)
+    assert result.spec.spec.rayClusterConfig.rayVersion == "2.52.0"
+    assert ("ignored", f"{CONTAINER_PATH}.image") in notes(result)
 
 
 def test_sample_maps_every_field() -> None:

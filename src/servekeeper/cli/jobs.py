@@ -9,7 +9,7 @@ import typer
 
 from servekeeper.cli import common
 from servekeeper.cli.common import StateDir
-from servekeeper.rayapi.jobs import NoSuchCluster, env_lines, pick_cluster, pool_access, submit_job
+from servekeeper.rayapi.jobs import NoSuchCluster, env_lines, local_python, pick_cluster, pool_access, submit_job
 
 job_app = typer.Typer(no_args_is_help=True, help="Ray jobs on a service's cluster.")
 
@@ -36,6 +36,8 @@ def job_submit(
             with common.shown_errors():
                 pools = [dict(pool) for pool in client.host_pools(str(target["hostPool"]))]
             headers, python = pool_access(target, common.state_path(state_dir), pools)
+        else:
+            python = local_python(target, common.state_path(state_dir))
     except NoSuchCluster as exc:
         common.errors.print(str(exc), markup=False)
         raise typer.Exit(1) from exc

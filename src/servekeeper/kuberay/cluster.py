@@ -1,12 +1,13 @@
 """Pure: a RayService's `spec.rayClusterConfig` -> servekeeper's rayClusterConfig: the head and
-worker groups, their env (secrets resolved), resources and rayStartParams, the Ray version they
-ask for, and the local working_dir the Serve config names (servekeeper packages it)."""
+worker groups, their env (secrets resolved), resources and rayStartParams, the Ray and Python
+they ask for (`versions`), and the local working_dir the Serve config names (servekeeper packages it)."""
 
 from __future__ import annotations
 
 import math
 import posixpath
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,13 +18,13 @@ from servekeeper.kuberay.fields import (
     IGNORED_HEAD_FIELDS,
     IGNORED_WORKER_FIELDS,
     POD_FIELD_REASONS,
-    RAY_VERSION_PATTERN,
     REFUSED_CLUSTER_FIELDS,
     as_list,
     as_mapping,
 )
 from servekeeper.kuberay.notes import Findings, NoteKind, SecretRef
 from servekeeper.kuberay.quantity import QuantityError, parse_quantity, quantity_value
+from servekeeper.kuberay.versions import DeclaredVersions
 from servekeeper.model.cluster_spec import OWNED_START_PARAMS
 
 
@@ -39,7 +40,9 @@ class ClusterTranslation:
         self, findings: Findings, ray_version: str, secrets: Mapping[str, Mapping[str, str]], base_dir: str | None
     ) -> None:
         self.findings = findings
-        self.ray_version = ray_version
+        self.ray_version = ray_version  # the controller's: a cluster asking for another gets its own
+        self.python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        self.versions = DeclaredVersions(findings)
         self.secrets = secrets
         self.base_dir = base_dir
 
@@ -63,8 +66,9 @@ class ClusterTranslation:
         known |= set(REFUSED_CLUSTER_FIELDS) | set(IGNORED_CLUSTER_FIELDS)
         for key in sorted(set(cluster) - known):
             self.findings.note(NoteKind.IGNORED, f"{path}.{key}", "not known to servekeeper")
+        self.versions = DeclaredVersions(self.findings)
         if "rayVersion" in cluster:
-            self.check_version(f"{path}.rayVersion", str(cluster["rayVersion"]), "rayVersion")
+            self.versions.read_ray_version(f"{path}.rayVersion", str(cluster["rayVersion"]))
 
         config: dict[str, Any] = {}
         working_dir = self.working_dir(serve_config)
@@ -89,6 +93,7 @@ class ClusterTranslation:
             fault_tolerance = self.gcs_fault_tolerance(f"{path}.{GCS_FT_OPTIONS}", as_mapping(cluster[GCS_FT_OPTIONS]))
             if fault_tolerance is not None:
                 config["gcsFaultTolerance"] = fault_tolerance
+        config.update(self.versions.fields(self.ray_version, self.python_version))
         return config
 
     def gcs_fault_tolerance(self, path: str, options: dict[str, Any]) -> dict[str, Any] | None:
@@ -140,18 +145,6 @@ class ClusterTranslation:
                 self.findings.refuse(f"{path}.redisPassword.valueFrom.secretKeyRef", missing_secret(secret, key))
             redis["passwordSecret"] = {"name": secret, "key": key}
         return redis
-
-    def check_version(self, path: str, text: str, what: str) -> None:
-        match = RAY_VERSION_PATTERN.match(text)
-        if match is None:
-            self.findings.note(NoteKind.IGNORED, path, f"{what} {text!r} names no Ray version; not checked")
-            return
-        if match.group(1) != self.ray_version:
-            self.findings.refuse(
-                path,
-                f"asks for Ray {match.group(1)}, but servekeeper runs Ray {self.ray_version} (one cluster, one Ray "
-                f"version): set it to {self.ray_version}, or run servekeeper with Ray {match.group(1)} installed",
-            )
 
     def working_dir(self, serve_config: dict[str, Any]) -> str | None:
         """Remote working_dir and py_modules URIs stay in the app's runtime_env (Ray fetches
@@ -252,9 +245,7 @@ class ClusterTranslation:
             if container_reason is not None:
                 self.findings.note(NoteKind.IGNORED, f"{container_path}.{key}", container_reason)
         if "image" in container:
-            tag = str(container["image"]).rsplit("/", 1)[-1].partition("@")[0]
-            image_name, _, version = tag.partition(":")
-            self.check_version(f"{container_path}.image", version, f"image tag of {image_name}")
+            self.versions.read_image(f"{container_path}.image", str(container["image"]))
         if "envFrom" in container:
             self.findings.refuse(
                 f"{container_path}.envFrom", "list each variable under env (a literal value or a secretKeyRef)"

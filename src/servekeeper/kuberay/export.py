@@ -17,6 +17,7 @@ import yaml
 from servekeeper.kuberay.fields import EXTENSIONS_ANNOTATION, INITIALIZING_TIMEOUT_ANNOTATION
 from servekeeper.kuberay.notes import SecretRef
 from servekeeper.kuberay.quantity import format_duration, format_memory
+from servekeeper.kuberay.versions import image_tag
 from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, StartParamValue
 from servekeeper.model.spec import IngressSpec, ReadinessSpec, ServiceSpec, ServiceSpecBody
 
@@ -178,12 +179,15 @@ def _differences(body: ServiceSpecBody, extensions: dict[str, Any]) -> list[str]
 def _cluster_config(
     config: RayClusterConfigSpec, ray_version: str, secret_refs: Sequence[SecretRef], secrets: Secrets
 ) -> dict[str, Any]:
+    # A cluster of its own Ray says so; the image tag carries its Python too, as KubeRay's images do.
+    image = image_tag(config.rayVersion or ray_version, config.pythonVersion)
+    ray_version = config.rayVersion or ray_version
     cluster: dict[str, Any] = {
         "rayVersion": ray_version,
         "headGroupSpec": {
             "rayStartParams": _start_params(config.head),
             "template": _pod_template(
-                "ray-head", config.head, ray_version, _refs(secret_refs, "head", config.head, secrets)
+                "ray-head", config.head, image, _refs(secret_refs, "head", config.head, secrets)
             ),
         },
     }
@@ -196,7 +200,7 @@ def _cluster_config(
                 "maxReplicas": group.replicas,
                 "rayStartParams": _start_params(group),
                 "template": _pod_template(
-                    "ray-worker", group, ray_version, _refs(secret_refs, group.name, group, secrets)
+                    "ray-worker", group, image, _refs(secret_refs, group.name, group, secrets)
                 ),
             }
             for group in config.workerGroups
@@ -268,6 +272,8 @@ def _extensions(body: ServiceSpecBody) -> dict[str, Any]:
         extensions["excludes"] = list(config.excludes)
     if config.hostPool is not None:
         extensions["hostPool"] = config.hostPool
+    if config.pip:
+        extensions["pip"] = list(config.pip)
     if config.gcsFaultTolerance is not None and config.gcsFaultTolerance.headMoveAfterSeconds is not None:
         extensions["headMoveAfterSeconds"] = config.gcsFaultTolerance.headMoveAfterSeconds
     pins = {"head": config.head.host} | {group.name: group.host for group in config.workerGroups}
@@ -362,7 +368,7 @@ def _param_text(value: StartParamValue) -> str:
 
 
 def _pod_template(
-    container_name: str, group: HeadGroupSpec, ray_version: str, refs: dict[str, SecretRef]
+    container_name: str, group: HeadGroupSpec, image: str, refs: dict[str, SecretRef]
 ) -> dict[str, Any]:
     resources: dict[str, str] = {"cpu": str(max(1, math.ceil(group.numCpus)))}
     if group.memory is not None:
@@ -371,7 +377,7 @@ def _pod_template(
         resources["nvidia.com/gpu"] = str(math.ceil(group.numGpus))
     container: dict[str, Any] = {
         "name": container_name,
-        "image": f"{RAY_IMAGE}:{ray_version}",
+        "image": f"{RAY_IMAGE}:{image}",
         "resources": {"limits": dict(resources), "requests": dict(resources)},
     }
     env = []

@@ -4,7 +4,6 @@ two readers that take a manifest's values as they come (anything may be missing 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 INGRESS_PORT_ANNOTATION = "servekeeper.io/ingress-port"
@@ -18,6 +17,7 @@ EXTENSION_KEYS = frozenset(
         "serveConfigUpdate",
         "serviceUnhealthySecondThreshold",
         "excludes",
+        "pip",  # what an image would hold: KubeRay has no field for it
         "rayClusterDeletionDelaySeconds",
         "readinessTimeoutSeconds",
         "upgradeStrategy",  # a canary's steps and analysis (KubeRay's incremental upgrade has neither)
@@ -100,7 +100,6 @@ GCS_NEEDS_POOL_REASON = (
     "servekeeper.io/extensions annotation, or use KubeRay 1.7's embedded backend (rocksdb), which a head on "
     "this machine restarts in place with"
 )
-RAY_VERSION_PATTERN = re.compile(r"^(\d+\.\d+\.\d+)")
 
 
 def as_mapping(value: Any) -> dict[str, Any]:

@@ -190,7 +190,7 @@ class _ServiceTranslation:
         for key, value in extensions.items():
             if key == "ingress" and isinstance(value, dict):
                 body["ingress"] = {**body["ingress"], **value}
-            elif key in ("excludes", "hostPool"):
+            elif key in ("excludes", "hostPool", "pip"):
                 body["rayClusterConfig"][key] = value
             elif key == "hostPins":
                 self.host_pins(f"{path}.hostPins", value, body["rayClusterConfig"])

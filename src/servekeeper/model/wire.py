@@ -80,6 +80,10 @@ class ClusterView(TypedDict):
     dashboardUrl: str
     hostPool: str | None  # None: on the controller's machine
     headHost: str | None
+    # Its own environment (issue 21); None and []: the controller's Ray and Python
+    rayVersion: str | None
+    pythonVersion: str | None
+    pip: list[str]
     serveUrl: str
     trafficPercent: int
     headPid: int | None

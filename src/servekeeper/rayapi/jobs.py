@@ -33,8 +33,12 @@ def env_lines(view: dict[str, Any], role: str, state_dir: Path) -> list[str]:
     cluster = pick_cluster(view, role)
     address = f"export RAY_ADDRESS={shlex.quote(str(cluster['address']))}"
     if not cluster.get("hostPool"):
+        python = local_python(cluster, state_dir)
+        # A cluster of its own Ray takes a driver of that Ray: its environment's python and ray first.
+        path = [f"export PATH={shlex.quote(posixpath.dirname(python))}:\"$PATH\""] if python is not None else []
         return [
             address,
+            *path,
             "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0",
             f"# dashboard {cluster['dashboardUrl']}, cluster {cluster['name']}; no token: a cluster on this "
             "machine has no token auth",
@@ -46,6 +50,22 @@ def env_lines(view: dict[str, Any], role: str, state_dir: Path) -> list[str]:
         f"# dashboard {cluster['dashboardUrl']}, cluster {cluster['name']} on host pool {cluster['hostPool']}. "
         "A ray.init() driver runs on a node of the cluster; from elsewhere use `servekeeper job submit`",
     ]
+
+
+def local_python(cluster: dict[str, Any], state_dir: Path) -> str | None:
+    """The Python of a local cluster's own environment (None: it runs the controller's)."""
+    from servekeeper.model.cluster_spec import RayClusterConfigSpec
+    from servekeeper.providers.base import ProviderError
+    from servekeeper.providers.environments import environments_of
+
+    fields = {key: cluster.get(key) for key in ("rayVersion", "pythonVersion", "pip") if cluster.get(key)}
+    if not fields:
+        return None
+    try:
+        environment = environments_of(state_dir).lookup(RayClusterConfigSpec.model_validate(fields))
+    except ProviderError as exc:
+        raise NoSuchCluster(f"cluster {cluster['name']}: {exc}") from exc
+    return str(environment.python) if environment is not None else None
 
 
 def pool_token_path(cluster: dict[str, Any], state_dir: Path) -> Path:

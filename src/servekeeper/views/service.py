@@ -26,6 +26,7 @@ def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffi
     # Requests and open streams the ingress still has on this cluster (None: not routed or unread).
     inflight = route.inflight.get(cluster.name) if route is not None and cluster.name in route.upstreams else None
     apps: dict[str, AppView] = {}
+    config = _config(cluster)  # its own environment's fields; None and []: the controller's
     if observed is not None and observed.apps is not None:
         apps = {name: app_view(app) for name, app in sorted(observed.apps.items())}
     return {
@@ -36,6 +37,9 @@ def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffi
         "dashboardUrl": cluster.dashboard_url,
         "hostPool": cluster.pool,  # None: on the controller's machine
         "headHost": cluster.nodes[0].host if cluster.nodes and cluster.pool else None,  # a pool host
+        "rayVersion": config.rayVersion if config is not None else None,
+        "pythonVersion": config.pythonVersion if config is not None else None,
+        "pip": list(config.pip) if config is not None else [],
         "serveUrl": cluster.serve_url,
         "trafficPercent": traffic_percent,
         "headPid": cluster.head_pid,
@@ -57,6 +61,13 @@ def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffi
         "applications": apps,
         "probes": [probe_view(probe) for probe in observed.probes] if observed else [],
     }
+
+
+def _config(cluster: ClusterRecord) -> RayClusterConfigSpec | None:
+    try:
+        return RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+    except ValueError:  # a record stored by an older version
+        return None
 
 
 def _workers_expected(cluster: ClusterRecord) -> int | None:
