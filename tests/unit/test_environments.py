@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from servekeeper.commands.apply import store_spec
+from servekeeper.controller.environments import EnvironmentBuilds, environments_in_use
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.spec import SpecError
 from servekeeper.providers.environments import (
@@ -21,6 +23,7 @@ from servekeeper.providers.environments import (
     find_interpreters,
     locked_set,
 )
+from servekeeper.store.store import Store
 from tests.unit.test_controller import make_spec
 
 
@@ -174,3 +177,18 @@ def test_interpreters_are_found_by_minor_version(tmp_path: Path) -> None:
 def test_a_pool_cluster_asking_for_its_own_environment_is_refused_by_field() -> None:
     with pytest.raises(SpecError, match=r"spec.rayClusterConfig.pip: .*on hostPool 'fleet'"):
         make_spec(rayClusterConfig={"hostPool": "fleet", "pip": ["numpy"]})
+
+
+async def test_a_deleted_clusters_environment_goes_unless_a_kept_revision_uses_it(tmp_path: Path, store: Store) -> None:
+    """`undo` may go back to any kept revision: its environment stays; one nothing names goes."""
+    environments = Environments(tmp_path / "environments", run=FakeUv(), interpreters=interpreters)
+    builds = EnvironmentBuilds(store, environments, clock=lambda: 0.0)
+    old, _ = await environments.prepare(request_of(rayVersion="2.58.0"))
+    kept, _ = await environments.prepare(request_of(rayVersion="2.59.0"))
+    gone, _ = await environments.prepare(request_of(rayVersion="2.57.0"))
+    for ray in ("2.58.0", "2.59.0"):  # two revisions of one service: 2.58.0 kept for undo
+        spec = make_spec(rayClusterConfig={"rayVersion": ray})
+        store_spec(store, spec.name, spec.to_json(), None, None, history_limit=10)
+    await builds.prune()
+    assert old.path.exists() and kept.path.exists() and not gone.path.exists()
+    assert [config.rayVersion for config in environments_in_use(store)] == ["2.59.0", "2.58.0", "2.59.0"]

@@ -1,18 +1,35 @@
 """A cluster's own environment (`rayVersion`, `pythonVersion`, `pip`) built beside the ticks
 before its first node starts: `EnvironmentBuilding`, then `EnvironmentReady` with the time it
 took, or `EnvironmentFailed` with uv's message, which fails the rollout (the active untouched).
-The tick after a build starts the cluster, as it starts any cluster without a head."""
+The tick after a build starts the cluster, as it starts any cluster without a head. Once a
+cluster is deleted, environments that no cluster, service or kept revision (what `undo` may
+go back to) uses are deleted."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.records import ClusterRecord, Event
+from servekeeper.model.spec import ServiceSpec
 from servekeeper.providers.environments import EnvironmentFailed, EnvironmentRequest, Environments
 from servekeeper.store.store import Store
+
+logger = logging.getLogger(__name__)
+
+
+def environments_in_use(store: Store) -> list[RayClusterConfigSpec]:
+    """The cluster shapes whose environments must stay: every cluster's, every service's, and
+    every kept revision's (`undo` may roll back to it: its environment then needs no build)."""
+    used = [RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json) for cluster in store.list_clusters()]
+    for service in store.list_services():
+        specs = [service.spec_json, *(revision.spec_json for revision in store.list_revisions(service.name))]
+        used += [ServiceSpec.model_validate_json(spec).spec.rayClusterConfig for spec in specs]
+    return used
 
 
 class EnvironmentBuilds:
@@ -46,3 +63,12 @@ class EnvironmentBuilds:
 
     def _event(self, cluster: ClusterRecord, kind: str, reason: str, message: str) -> None:
         self.store.add_events([Event(cluster.service, self.clock(), kind, reason, message)])
+
+    async def prune(self) -> None:
+        """Delete the environments nothing uses (hundreds of MB each), off the event loop; not
+        while one is being built (its cluster may be gone, its lock not yet written)."""
+        if any(lock.locked() for lock in self.environments.building.values()):
+            return
+        removed = await asyncio.to_thread(self.environments.prune, environments_in_use(self.store))
+        if removed:
+            logger.info("environments no cluster or kept revision uses deleted: %s", ", ".join(removed))

@@ -344,6 +344,7 @@ class Executor:
             )
             return
         self.store.remove_cluster(cluster.name)
+        await self.environment_builds.prune()
         self.start_retries.forget(cluster.name)
         self.probes.forget(cluster.name)
         self.documents.forget(cluster.name)

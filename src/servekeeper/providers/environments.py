@@ -9,6 +9,7 @@ written last tells a finished build from one a crash cut short."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -117,7 +118,13 @@ async def run_uv(argv: Sequence[str], extra_env: dict[str, str]) -> tuple[int, s
         stderr=subprocess.STDOUT,
         env={**os.environ, **extra_env},
     )
-    output, _ = await process.communicate()
+    try:
+        output, _ = await process.communicate()
+    except asyncio.CancelledError:  # the cluster deleted mid-build: no uv left running
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        raise
     return process.returncode or 0, output.decode(errors="replace")
 
 
