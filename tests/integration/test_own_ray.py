@@ -3,10 +3,15 @@ controller's 2.60.0) gets an environment built with uv, and its nodes' processes
 (read from the processes, not the spec). Upgraded to the controller's Ray under 32 mixed
 clients: 0 failed, the versions in order, the old cluster drained; then undone to 2.59.0 (its
 environment already built) with 0 failed. An environment that cannot resolve fails its rollout
-with uv's message naming the package; the active is untouched."""
+with uv's message naming the package; the active is untouched. `env` and `job submit` give a
+driver the cluster's own Python and Ray."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from importlib.metadata import version
@@ -118,8 +123,25 @@ def test_a_service_on_its_own_ray_upgrades_and_undoes_with_nothing_failed(sk: Se
     assert result.failed == 0, result.failures
     assert old_after_new(result.timeline, "v2", "v1") <= CLIENTS
     assert ray_versions(third["headPid"]) == {"gcs_server": {OLD_RAY}, "raylet": {OLD_RAY}}
-    ready = messages(sk, "EnvironmentReady")
-    assert len(ready) == 2 and "already built" in ready[1], ready  # kept, and shared with the new cluster
+    # Kept after its cluster's deletion (a kept revision uses it), so the undo built nothing.
+    assert len(messages(sk, "EnvironmentBuilding")) == 1, messages(sk, "EnvironmentBuilding")
+
+
+def test_env_and_job_submit_give_a_driver_the_clusters_own_ray(sk: Servekeeper, tmp_path: Path) -> None:
+    env = dict(os.environ)
+    for line in sk.cli("env", NAME).stdout.splitlines():
+        if line.startswith("export "):
+            key, _, value = line.removeprefix("export ").partition("=")
+            env[key] = shlex.split(value)[0].replace("$PATH", os.environ["PATH"])
+    python = shutil.which("python", path=env["PATH"])
+    assert python is not None and "environments" in python, python
+    driver = "import ray; ray.init(); print(ray.__version__, ray.cluster_resources()['CPU']); ray.shutdown()"
+    result = subprocess.run([python, "-c", driver], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-2] == OLD_RAY, result.stdout
+    (tmp_path / "which.py").write_text("import ray, sys; print('job on', ray.__version__, sys.executable)\n")
+    job = sk.cli("job", "submit", NAME, "--working-dir", str(tmp_path), "--", "python", "which.py", timeout=180)
+    assert f"job on {OLD_RAY}" in job.stdout, job.stdout + job.stderr
 
 
 def test_an_environment_that_cannot_resolve_fails_the_rollout_and_leaves_the_active(sk: Servekeeper) -> None:
