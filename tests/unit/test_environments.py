@@ -136,7 +136,7 @@ async def test_a_failed_resolve_is_told_with_uvs_message_and_nothing_is_left_as_
 
 async def test_a_python_the_machine_lacks_is_refused_by_version(tmp_path: Path) -> None:
     environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters)
-    with pytest.raises(EnvironmentFailed, match=r"pythonVersion 3.13: no such interpreter .*has 3.10, 3.11"):
+    with pytest.raises(EnvironmentFailed, match=r"Python 3.13: no interpreter of it .*has 3.10, 3.11"):
         await environments.prepare(request_of(pythonVersion="3.13"))
 
 

@@ -7,6 +7,7 @@ never comes up, and a refused apply leaves the service as it was."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from typing import Any
 
@@ -53,7 +54,8 @@ class ApplyCommand:
         if is_kuberay(documents):
             secrets_dir = self.context.secrets_dir
             secrets = read_secrets(secrets_dir) if secrets_dir is not None else {}
-            imported = import_documents(documents, ray_version(), secrets, base_dir)
+            python = f"{sys.version_info.major}.{sys.version_info.minor}"
+            imported = import_documents(documents, ray_version(), secrets, base_dir, python_version=python)
             return imported.spec, imported
         if len(documents) != 1:
             raise SpecError([f"(document): expected exactly one YAML document, found {len(documents)}"])

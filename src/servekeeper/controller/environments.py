@@ -51,7 +51,7 @@ class EnvironmentBuilds:
         began = time.monotonic()
         try:
             environment, built_now = await self.environments.prepare(request)
-        except EnvironmentFailed as exc:
+        except (EnvironmentFailed, OSError) as exc:  # uv's answer, or the disk's: the rollout fails
             self._event(cluster, "Warning", "EnvironmentFailed", f"{cluster.name}: {exc}")
             with contextlib.suppress(KeyError):  # deleted meanwhile
                 self.store.update_cluster(cluster.name, failure_reason=f"EnvironmentFailed: {exc}")
@@ -65,10 +65,17 @@ class EnvironmentBuilds:
         self.store.add_events([Event(cluster.service, self.clock(), kind, reason, message)])
 
     async def prune(self) -> None:
-        """Delete the environments nothing uses (hundreds of MB each), off the event loop; not
-        while one is being built (its cluster may be gone, its lock not yet written)."""
-        if any(lock.locked() for lock in self.environments.building.values()):
+        """Delete the environments nothing uses (hundreds of MB each): taken out of use at once,
+        between two ticks, so no start finds one half gone; deleted in a thread. Not while one is
+        being built (its cluster may be gone, its lock not yet written). Never fails a deletion."""
+        if not self.environments.root.exists() or any(lock.locked() for lock in self.environments.building.values()):
+            return  # (no environment was ever built here: the common case costs nothing)
+        try:
+            retired = self.environments.retire_unused(environments_in_use(self.store))
+            if retired:
+                await asyncio.to_thread(self.environments.empty_trash)
+        except (OSError, ValueError) as exc:  # a stored spec that no longer reads; the disk
+            logger.warning("environments not pruned: %s", exc)
             return
-        removed = await asyncio.to_thread(self.environments.prune, environments_in_use(self.store))
-        if removed:
-            logger.info("environments no cluster or kept revision uses deleted: %s", ", ".join(removed))
+        if retired:
+            logger.info("environments no cluster or kept revision uses deleted: %s", [d.name for d in retired])

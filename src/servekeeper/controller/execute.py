@@ -29,7 +29,7 @@ from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterPorts, ClusterRecord, Event, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
 from servekeeper.providers.base import ClusterProvider, ProviderError, launched_into
-from servekeeper.providers.environments import environments_of
+from servekeeper.providers.environments import environments_of, pinned
 from servekeeper.providers.local import local_temp_dir
 from servekeeper.rayapi.serve_api import ServeClient
 from servekeeper.store.store import Store
@@ -123,7 +123,7 @@ class Executor:
             self.store.delete_service_row(service.name, expected_generation=service.generation)
 
     async def _create_cluster(self, service: ServiceRecord, spec: ServiceSpec, role: ClusterRole) -> None:
-        config = spec.spec.rayClusterConfig
+        config = pinned(spec.spec.rayClusterConfig)  # its environment fixed for its life
         suffix = secrets.token_hex(3)
         name = f"{service.name}-g{service.generation}-{suffix}"
         draft = ClusterRecord(
@@ -344,13 +344,13 @@ class Executor:
             )
             return
         self.store.remove_cluster(cluster.name)
-        await self.environment_builds.prune()
         self.start_retries.forget(cluster.name)
         self.probes.forget(cluster.name)
         self.documents.forget(cluster.name)
         self.store.add_events(
             [Event(cluster.service, self.clock(), "Normal", "ClusterDeleted", f"{cluster.name} stopped and removed")]
         )
+        await self.environment_builds.prune()
         logger.info("[%s/%s] cluster deleted", cluster.service, cluster.name)
 
     async def stop_any(self, cluster: ClusterRecord) -> list[int | str]:

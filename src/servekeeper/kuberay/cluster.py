@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import posixpath
 import re
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,11 +36,17 @@ class ClusterTranslation:
     """Reports what it refuses or notes into the findings it shares with the rest of the import."""
 
     def __init__(
-        self, findings: Findings, ray_version: str, secrets: Mapping[str, Mapping[str, str]], base_dir: str | None
+        self,
+        findings: Findings,
+        ray_version: str,
+        secrets: Mapping[str, Mapping[str, str]],
+        base_dir: str | None,
+        python_version: str | None = None,
     ) -> None:
         self.findings = findings
-        self.ray_version = ray_version  # the controller's: a cluster asking for another gets its own
-        self.python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        # the controller's: a cluster asking for another gets its own
+        self.ray_version = ray_version
+        self.python_version = python_version
         self.versions = DeclaredVersions(findings)
         self.secrets = secrets
         self.base_dir = base_dir

@@ -52,9 +52,12 @@ def import_documents(
     ray_version: str,
     secrets: Mapping[str, Mapping[str, str]] | None = None,
     base_dir: str | None = None,
+    python_version: str | None = None,
 ) -> ImportResult:
     """Translate the RayService of a (multi-document) KubeRay file. Raises SpecError listing
-    every refusal and every problem, each by field path."""
+    every refusal and every problem, each by field path. `ray_version` and `python_version` are
+    the controller's: a cluster asking for another gets an environment of its own (None: any
+    Python a tag names is the cluster's own)."""
     notes: list[Note] = []
     services: list[tuple[int, dict[str, Any]]] = []
     for index, document in enumerate(documents):
@@ -79,7 +82,7 @@ def import_documents(
         found = ", ".join(f"document {i + 1}" for i, _ in services) or "none"
         raise SpecError([f"(file): expected exactly one ray.io RayService, found {len(services)} ({found})"])
     index, document = services[0]
-    translation = _ServiceTranslation(ray_version, secrets or {}, base_dir)
+    translation = _ServiceTranslation(ray_version, secrets or {}, base_dir, python_version)
     spec_document = translation.translate(document)
     findings = translation.findings
     if findings.problems:
@@ -100,9 +103,15 @@ class _ServiceTranslation:
     """The document's own fields (metadata, annotations, serveConfigV2, upgradeStrategy); the
     cluster's shape goes to a ClusterTranslation reporting into the same findings."""
 
-    def __init__(self, ray_version: str, secrets: Mapping[str, Mapping[str, str]], base_dir: str | None) -> None:
+    def __init__(
+        self,
+        ray_version: str,
+        secrets: Mapping[str, Mapping[str, str]],
+        base_dir: str | None,
+        python_version: str | None,
+    ) -> None:
         self.findings = Findings()
-        self.cluster = ClusterTranslation(self.findings, ray_version, secrets, base_dir)
+        self.cluster = ClusterTranslation(self.findings, ray_version, secrets, base_dir, python_version)
 
     def translate(self, document: dict[str, Any]) -> dict[str, Any]:
         metadata = as_mapping(document.get("metadata"))

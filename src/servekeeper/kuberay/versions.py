@@ -43,7 +43,7 @@ class DeclaredVersions:
         if match.group(2) is not None:
             self.python.append((path, f"3.{match.group(2)}"))
 
-    def fields(self, controller_ray: str, controller_python: str) -> dict[str, str]:
+    def fields(self, controller_ray: str, controller_python: str | None) -> dict[str, str]:
         """`rayVersion` and `pythonVersion` for the cluster, where not the controller's; a
         cluster whose nodes ask for different ones is refused (one cluster, one environment)."""
         settled: dict[str, str] = {}

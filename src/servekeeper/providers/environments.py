@@ -14,9 +14,11 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -30,6 +32,7 @@ from servekeeper.providers.base import PermanentProviderError
 ENVIRONMENTS = "environments"  # under the state dir
 READY_MARK = ".servekeeper-ready"
 LOCKS = "locks"
+TRASH = "trash"  # environments taken out of use, deleted beside the ticks
 ANSWER_TAIL = 2000  # characters of uv's message kept in an event
 
 # (argv, extra environment) -> (exit code, output): uv run for real, or a test's stand-in
@@ -38,6 +41,20 @@ CommandRunner = Callable[[Sequence[str], dict[str, str]], Awaitable[tuple[int, s
 
 class EnvironmentFailed(PermanentProviderError):
     """A resolve or install that failed: waiting will not mend it; the spec must change."""
+
+
+def pinned(config: RayClusterConfigSpec) -> RayClusterConfigSpec:
+    """The spec a cluster is created with: where it has an environment of its own, an unset
+    Ray or Python is the controller's at creation, written down, so that an upgrade of the
+    controller's Ray or Python never changes which environment a running cluster uses."""
+    if not config.has_own_environment():
+        return config
+    own = {"rayVersion": config.rayVersion or version("ray"), "pythonVersion": config.pythonVersion or _own_python()}
+    return config.model_copy(update=own)
+
+
+def _own_python() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 @dataclass(frozen=True)
@@ -53,7 +70,7 @@ class EnvironmentRequest:
         if not config.has_own_environment():
             return None
         return cls(
-            python=config.pythonVersion or f"{sys.version_info.major}.{sys.version_info.minor}",
+            python=config.pythonVersion or _own_python(),
             ray=config.rayVersion or version("ray"),
             packages=tuple(sorted(config.pip)),
             platform=sysconfig.get_platform(),
@@ -117,12 +134,13 @@ async def run_uv(argv: Sequence[str], extra_env: dict[str, str]) -> tuple[int, s
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, **extra_env},
+        start_new_session=True,  # its own process group: what it starts goes with it
     )
     try:
         output, _ = await process.communicate()
     except asyncio.CancelledError:  # the cluster deleted mid-build: no uv left running
         with contextlib.suppress(ProcessLookupError):
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
         await process.wait()
         raise
     return process.returncode or 0, output.decode(errors="replace")
@@ -182,6 +200,8 @@ class Environments:
                 temporary.write_text(locked_set(compiled.read_text()))
                 temporary.replace(lock)  # a request's lock, once written, is its resolution for good
             environment = self._named(lock.read_text())
+        # Requests that resolve alike share the directory: one build of it at a time.
+        async with self.building.setdefault(f"environment {environment.key}", asyncio.Lock()):
             if (environment.path / READY_MARK).exists():
                 return environment, False
             await self._build(environment, lock, request)
@@ -190,7 +210,7 @@ class Environments:
     async def _build(self, environment: Environment, lock: Path, request: EnvironmentRequest) -> None:
         shutil.rmtree(environment.path, ignore_errors=True)  # a build a crash cut short
         interpreter = self._interpreter(request.python)
-        await self._uv(["venv", "--quiet", "--python", str(interpreter), str(environment.path)], request)
+        await self._uv(["venv", "--python", str(interpreter), "--quiet", str(environment.path)], request)
         await self._uv(["pip", "sync", "--quiet", "--python", str(environment.python), str(lock)], request)
         (environment.path / READY_MARK).write_text(json.dumps({"python": request.python, "ray": request.ray}))
 
@@ -198,7 +218,7 @@ class Environments:
         interpreters = self.interpreters()
         if minor not in interpreters:
             have = ", ".join(sorted(interpreters)) or "none"
-            raise EnvironmentFailed(f"pythonVersion {minor}: no such interpreter on this machine (it has {have})")
+            raise EnvironmentFailed(f"Python {minor}: no interpreter of it on this machine (it has {have})")
         return interpreters[minor]
 
     async def _uv(self, argv: list[str], request: EnvironmentRequest) -> str:
@@ -206,25 +226,41 @@ class Environments:
         code, output = await self.run(argv, {"UV_PYTHON_DOWNLOADS": "never"})
         if code != 0:
             told = output[-ANSWER_TAIL:].strip()
-            raise EnvironmentFailed(f"{request.describe()}: uv {argv[0]} {argv[1]} failed: {told}")
+            command = " ".join(argv[:2]) if argv[0] == "pip" else argv[0]
+            raise EnvironmentFailed(f"{request.describe()}: uv {command} failed: {told}")
         return output
 
     def _named(self, locked: str) -> Environment:
         key = _digest(locked)
         return Environment(key, self.root / key)
 
-    def prune(self, used: Iterable[RayClusterConfigSpec]) -> list[str]:
-        """Delete every environment that no spec in `used` (the clusters', the kept revisions')
-        resolves to; their names. A lock stays: it is the request's resolution, a few lines."""
-        keep = set()
+    def retire_unused(self, used: Iterable[RayClusterConfigSpec]) -> list[Path]:
+        """Take out of use every environment that no spec in `used` (the clusters', the
+        services', the kept revisions') resolves to: its marker goes first (a deletion cut short
+        is never taken for a build), then it moves to the trash, where `empty_trash` deletes
+        it. Fast (no file contents touched): run between two ticks, no start sees it half gone.
+        A lock stays: it is the request's resolution, a few lines."""
+        keep = {LOCKS, TRASH}
         for config in used:
             request = EnvironmentRequest.of(config)
             lock = self.root / LOCKS / f"{request.key()}.txt" if request is not None else None
             if lock is not None and lock.exists():
                 keep.add(self._named(lock.read_text()).key)
-        removed = []
+        retired = []
         for directory in sorted(self.root.iterdir()) if self.root.exists() else []:
-            if directory.name != LOCKS and directory.is_dir() and directory.name not in keep:
-                shutil.rmtree(directory, ignore_errors=True)
-                removed.append(directory.name)
-        return removed
+            if directory.is_dir() and directory.name not in keep:
+                (directory / READY_MARK).unlink(missing_ok=True)
+                (self.root / TRASH).mkdir(exist_ok=True)
+                directory.rename(self.root / TRASH / f"{directory.name}.{time.time_ns()}")
+                retired.append(directory)
+        return retired
+
+    def empty_trash(self) -> None:
+        """Delete what `retire_unused` took out of use (hundreds of MB each: in a thread)."""
+        shutil.rmtree(self.root / TRASH, ignore_errors=True)
+
+    def prune(self, used: Iterable[RayClusterConfigSpec]) -> list[str]:
+        """Both at once; the names of the environments deleted."""
+        retired = self.retire_unused(used)
+        self.empty_trash()
+        return [directory.name for directory in retired]
