@@ -4,6 +4,7 @@ told with uv's message, a build a crash cut short done again, and pruning."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from servekeeper.commands.apply import store_spec
 from servekeeper.controller.environments import EnvironmentBuilds, environments_in_use
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.spec import SpecError
+from servekeeper.providers import environments as environments_module
 from servekeeper.providers.environments import (
     READY_MARK,
     EnvironmentFailed,
@@ -22,6 +24,7 @@ from servekeeper.providers.environments import (
     Environments,
     find_interpreters,
     locked_set,
+    pinned,
 )
 from servekeeper.store.store import Store
 from tests.unit.test_controller import make_spec
@@ -192,3 +195,38 @@ async def test_a_deleted_clusters_environment_goes_unless_a_kept_revision_uses_i
     await builds.prune()
     assert old.path.exists() and kept.path.exists() and not gone.path.exists()
     assert [config.rayVersion for config in environments_in_use(store)] == ["2.59.0", "2.58.0", "2.59.0"]
+
+
+def test_a_cluster_is_created_with_its_ray_and_python_written_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spec with only `pip` keeps its hash across a controller upgrade (no new cluster), so the
+    cluster's record names the Ray and Python it was built on: the environment it uses never moves."""
+    only_pip = config(pip=["numpy"])
+    kept = pinned(only_pip)
+    assert kept.rayVersion is not None and kept.pythonVersion is not None and kept.pip == ["numpy"]
+    assert pinned(config()) == config(), "the controller's own: nothing written"
+    before = EnvironmentRequest.of(kept)
+    monkeypatch.setattr(environments_module, "version", lambda _: "9.9.9")  # the controller upgraded
+    assert EnvironmentRequest.of(kept) == before
+    assert EnvironmentRequest.of(only_pip) != before, "an unpinned one would have moved"
+
+
+async def test_requests_that_resolve_alike_build_their_directory_once_at_a_time(tmp_path: Path) -> None:
+    uv = FakeUv(resolves={"numpy": "numpy==2.0", "numpy>=2": "numpy==2.0"})
+    environments = Environments(tmp_path, run=uv, interpreters=interpreters)
+    built = await asyncio.gather(
+        environments.prepare(request_of(pip=["numpy"])), environments.prepare(request_of(pip=["numpy>=2"]))
+    )
+    assert built[0][0] == built[1][0] and sorted(now for _, now in built) == [False, True]
+    assert uv.count("venv") == 1
+
+
+async def test_an_environment_taken_out_of_use_loses_its_marker_before_anything_else(tmp_path: Path) -> None:
+    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters)
+    environment, _ = await environments.prepare(request_of(rayVersion="2.58.0"))
+    (retired,) = environments.retire_unused([])
+    assert retired == environment.path and not environment.path.exists()
+    trash = list((tmp_path / "trash").iterdir())
+    assert len(trash) == 1 and not (trash[0] / READY_MARK).exists() and (trash[0] / "bin").exists()
+    assert environments.built(request_of(rayVersion="2.58.0")) is None
+    environments.empty_trash()
+    assert not (tmp_path / "trash").exists()
