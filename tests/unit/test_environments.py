@@ -5,6 +5,7 @@ told with uv's message, a build a crash cut short done again, and pruning."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,11 @@ class FakeUv:
         return sum(1 for call in self.calls if call[: len(command)] == list(command))
 
 
+OWN_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"  # the suite runs on 3.10 and 3.11
+
+
 def interpreters() -> dict[str, Path]:
-    return {"3.10": Path("/usr/bin/python3.10"), "3.11": Path("/usr/bin/python3.11")}
+    return {minor: Path(f"/usr/bin/python{minor}") for minor in sorted({"3.10", "3.11", OWN_PYTHON})}
 
 
 def config(**fields: Any) -> RayClusterConfigSpec:
@@ -105,7 +109,8 @@ def test_a_request_defaults_to_the_controllers_python_and_ray_and_ignores_the_or
     request = request_of(pip=["b", "a"])
     assert request.packages == ("a", "b") and request.requirements()[0].startswith("ray[serve]==")
     assert request.key() == request_of(pip=["a", "b"]).key()
-    assert request.key() != request_of(pip=["a", "b"], pythonVersion="3.10").key()
+    other = "3.10" if OWN_PYTHON != "3.10" else "3.11"
+    assert request.key() != request_of(pip=["a", "b"], pythonVersion=other).key()
 
 
 async def test_an_environment_is_resolved_once_built_once_and_shared(tmp_path: Path) -> None:
@@ -122,7 +127,7 @@ async def test_an_environment_is_resolved_once_built_once_and_shared(tmp_path: P
     assert environments.lookup(config(rayVersion="2.59.0", pip=["numpy"])) == first
     assert environments.lookup(config()) is None, "the controller's own"
     venv = next(call for call in uv.calls if call[0] == "venv")
-    assert venv[venv.index("--python") + 1] == "/usr/bin/python3.11", "the controller's minor version"
+    assert venv[venv.index("--python") + 1] == f"/usr/bin/python{OWN_PYTHON}", "the controller's minor version"
 
 
 async def test_a_failed_resolve_is_told_with_uvs_message_and_nothing_is_left_as_built(tmp_path: Path) -> None:
