@@ -7,7 +7,6 @@ never comes up, and a refused apply leaves the service as it was."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from typing import Any
 
@@ -21,6 +20,7 @@ from servekeeper.kuberay.translate import ImportResult, import_documents, kubera
 from servekeeper.model.documents import is_kuberay
 from servekeeper.model.records import ServiceRecord
 from servekeeper.model.spec import ServiceSpec, SpecError, parse_spec
+from servekeeper.providers.environments import own_python
 from servekeeper.providers.gcs_storage import storage_problems
 from servekeeper.providers.machine import machine_capacity
 from servekeeper.providers.pool import pool_problems
@@ -54,8 +54,7 @@ class ApplyCommand:
         if is_kuberay(documents):
             secrets_dir = self.context.secrets_dir
             secrets = read_secrets(secrets_dir) if secrets_dir is not None else {}
-            python = f"{sys.version_info.major}.{sys.version_info.minor}"
-            imported = import_documents(documents, ray_version(), secrets, base_dir, python_version=python)
+            imported = import_documents(documents, ray_version(), secrets, base_dir, python_version=own_python())
             return imported.spec, imported
         if len(documents) != 1:
             raise SpecError([f"(document): expected exactly one YAML document, found {len(documents)}"])

@@ -49,11 +49,12 @@ def pinned(config: RayClusterConfigSpec) -> RayClusterConfigSpec:
     controller's Ray or Python never changes which environment a running cluster uses."""
     if not config.has_own_environment():
         return config
-    own = {"rayVersion": config.rayVersion or version("ray"), "pythonVersion": config.pythonVersion or _own_python()}
+    own = {"rayVersion": config.rayVersion or version("ray"), "pythonVersion": config.pythonVersion or own_python()}
     return config.model_copy(update=own)
 
 
-def _own_python() -> str:
+def own_python() -> str:
+    """This interpreter's minor version: what a cluster of its own gets when pythonVersion is unset."""
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -70,7 +71,7 @@ class EnvironmentRequest:
         if not config.has_own_environment():
             return None
         return cls(
-            python=config.pythonVersion or _own_python(),
+            python=config.pythonVersion or own_python(),
             ray=config.rayVersion or version("ray"),
             packages=tuple(sorted(config.pip)),
             platform=sysconfig.get_platform(),
