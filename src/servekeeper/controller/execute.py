@@ -345,6 +345,7 @@ class Executor:
             return
         self.store.remove_cluster(cluster.name)
         self.start_retries.forget(cluster.name)
+        self.head_moves.forget(cluster.name)
         self.probes.forget(cluster.name)
         self.documents.forget(cluster.name)
         self.store.add_events(

@@ -63,3 +63,7 @@ class HeadMoves:
         )
         self.store.add_events([Event(cluster.service, self.clock(), "Warning", "HeadMoving", message)])
         return moved
+
+    def forget(self, cluster: str) -> None:
+        """A deleted cluster's failed move: a later cluster of the same name starts afresh."""
+        self.failures.pop(cluster, None)

@@ -48,6 +48,7 @@ from servekeeper.providers.local_nodes import (
     node_tag,
     nodes_of,
     placed_nodes,
+    processes_tagged,
     ray_executable,
     stop_leftovers,
     worker_command,
@@ -89,17 +90,8 @@ def _environment(
 
 def tagged_processes(prefix: str) -> list[psutil.Process]:
     """Live processes whose owner tag starts with `prefix` (a cluster's log dir, or a state dir)."""
-    found = []
-    for process in psutil.process_iter(["status"]):
-        try:
-            if process.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            tag = process.environ().get(OWNER_ENV, "")
-            if tag and (tag == prefix or tag.startswith(prefix.rstrip("/") + "/")):
-                found.append(process)
-        except (psutil.Error, OSError):
-            continue
-    return found
+    below = prefix.rstrip("/") + "/"
+    return processes_tagged(OWNER_ENV, lambda tag: tag == prefix or tag.startswith(below))
 
 
 def session_members(session_ids: tuple[int, ...]) -> list[psutil.Process]:

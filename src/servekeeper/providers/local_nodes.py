@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -127,7 +128,7 @@ def stop_leftovers(tag: str) -> None:
     Blocks: run it in a worker thread."""
     deadline = time.monotonic() + LEFTOVER_WAIT_SECONDS
     while True:
-        left = _tagged(tag)
+        left = processes_tagged(NODE_TAG_ENV, tag.__eq__)
         if not left:
             return
         if time.monotonic() >= deadline:
@@ -140,11 +141,14 @@ def stop_leftovers(tag: str) -> None:
         time.sleep(0.1)
 
 
-def _tagged(tag: str) -> list[psutil.Process]:
+def processes_tagged(env_name: str, accepts: Callable[[str], bool]) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose environment variable `env_name` is set to a value
+    `accepts` takes: the tag every process of a node, or of a cluster, inherits."""
     found = []
     for process in psutil.process_iter(["status"]):
         with contextlib.suppress(psutil.Error, OSError):
-            if process.info["status"] != psutil.STATUS_ZOMBIE and process.environ().get(NODE_TAG_ENV) == tag:
+            tag = process.environ().get(env_name, "")
+            if tag and process.info["status"] != psutil.STATUS_ZOMBIE and accepts(tag):
                 found.append(process)
     return found
 

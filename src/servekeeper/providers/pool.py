@@ -31,7 +31,6 @@ from servekeeper.providers.base import (
     ProviderError,
     RecordChanges,
     RetryableProviderError,
-    launched_into,
     nodes_restarting,
     with_nodes,
 )
@@ -251,7 +250,6 @@ class PoolProvider:
         token = read_cluster_token(self.token_dir, cluster.name)
         groups = _groups_per_node(config)
         nodes = list(cluster.nodes)
-        original = cluster
         head_starts = nodes[0].pid is None
         storage = await self.gcs_storage.target(config, nodes[0].address, cluster.name) if head_starts else None
 
@@ -262,7 +260,7 @@ class PoolProvider:
             started = await ssh.start_node(node.host, role, argv, node.temp_dir, node.ports, token_path, env)
             nodes[index] = replace(node, pid=started.pid, session_id=started.session_id)
             updated = with_nodes(cluster, nodes)
-            record(**self._launched(original, updated))
+            record(nodes=updated.nodes)  # the controller writes only this start's nodes into the record
             return updated
 
         for index, node in enumerate(nodes):
@@ -290,12 +288,6 @@ class PoolProvider:
             # A delete cancels this start: a node launched is recorded before the cancel goes on,
             # so that the stop which follows the delete knows it (and stops it by its pid).
             cluster = await _to_the_end(launch(cluster, index, argv, token_path))
-
-    def _launched(self, original: ClusterRecord, updated: ClusterRecord) -> dict[str, Any]:
-        """Only the nodes this start launched, into the record as stored now: a tick may have
-        cleared another node's pid meanwhile (a restart), which must not come back."""
-        merged = launched_into(self.store.get_cluster(updated.name) or updated, original, updated.nodes)
-        return {"nodes": merged.nodes, "head_pid": merged.head_pid, "worker_pids": merged.worker_pids}
 
     async def liveness(self, cluster: ClusterRecord) -> Liveness:
         """Whether the head lives, which workers do not (and of those, which exited on a host
