@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 
+from servekeeper.controller.observe import backend_counters_of
 from servekeeper.dataplane import Backend, DataPlaneError, Endpoint, RouteObservation, ServiceRoute
 from servekeeper.dataplane.admin import parse_config_dump, parse_stats
 from servekeeper.dataplane.clusters import render_clusters, union_clusters
 from servekeeper.dataplane.model import route_from_json, route_to_json
 from servekeeper.dataplane.names import backend_of
+from servekeeper.dataplane.observe import sum_backend_stats
 from servekeeper.dataplane.render import render_listeners, render_route_configs
 from servekeeper.dataplane.supervision import Backoff
 
@@ -224,3 +226,29 @@ def test_a_silent_proxy_of_a_multi_node_cluster_is_ejected_sooner_and_its_connec
     assert (check["timeout"], check["unhealthy_threshold"]) == ("3s", 3)
     assert one["close_connections_on_host_health_failure"] is False
     assert clusters["grpc-hello-g1"]["health_checks"][0]["timeout"] == "3s"  # one gRPC endpoint
+
+
+def test_answers_a_standby_gave_for_a_backend_count_as_the_backends_failures() -> None:
+    # As real Envoy (1.40) reported them: 10 answers from "a", then "a" stopped and 7 answered
+    # by the standby "s". The failover cluster holds every answer; "a"'s own cluster the 10 it took.
+    def counter(name: str, value: int) -> dict[str, Any]:
+        return {"name": f"cluster.{name}", "value": value}
+
+    stats = {
+        "stats": [
+            counter("failover-a.upstream_rq_completed", 17),
+            counter("failover-a.upstream_rq_2xx", 17),
+            counter("http-a.upstream_rq_total", 10),
+            counter("http-a.upstream_rq_pending_failure_eject", 1),
+            counter("http-s.upstream_rq_total", 7),
+            counter("http-b.upstream_rq_total", 5),  # a backend without a standby, one request in flight
+            counter("http-b.upstream_rq_completed", 4),
+            counter("http-b.upstream_rq_5xx", 1),
+        ]
+    }
+    figures = sum_backend_stats([parse_stats(stats)])
+    assert (figures["a"].rq_failed_over, figures["a"].rq_2xx, figures["a"].rq_total) == (7, 17, 10)
+    assert figures["s"].rq_failed_over == 0 and figures["b"].rq_failed_over == 0
+    counters = backend_counters_of(figures)
+    assert (counters["a"].requests, counters["a"].errors_5xx) == (17, 7)
+    assert (counters["b"].requests, counters["b"].errors_5xx) == (4, 1)

@@ -92,7 +92,7 @@ class Observer:
             logger.warning("[%s] data plane not readable: %s", service.name, exc)
         if any(c.role == ClusterRole.PENDING and c.canary is not None for c in live):
             try:
-                counters = _counters(await self.dataplane.backend_stats())
+                counters = backend_counters_of(await self.dataplane.backend_stats())
             except DataPlaneError as exc:  # no analysis verdict on this look; nothing else changes
                 logger.info("[%s] ingress counters not readable: %s", service.name, exc)
         return Observation(
@@ -233,11 +233,13 @@ def _listener_settings_changed(route: ServiceRoute | None, spec: ServiceSpec) ->
     )
 
 
-def _counters(stats: dict[str, BackendStats]) -> dict[str, BackendCounters]:
+def backend_counters_of(stats: dict[str, BackendStats]) -> dict[str, BackendCounters]:
+    """What a canary's analysis reads of each backend's ingress stats."""
     return {
         name: BackendCounters(
             requests=backend.rq_completed,
-            errors_5xx=backend.rq_5xx,
+            # A request the backend refused is its failure, though the standby answered it.
+            errors_5xx=backend.rq_5xx + backend.rq_failed_over,
             latency_ms_buckets=tuple(sorted(backend.latency_ms_buckets.items())),
             epoch=backend.epoch,
         )

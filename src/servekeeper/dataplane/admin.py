@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 
 from servekeeper.dataplane.model import DataPlaneError
-from servekeeper.dataplane.names import PREVIEW, backend_of
+from servekeeper.dataplane.names import FAILOVER, GRPC_FAILOVER, PREVIEW, backend_of
 from servekeeper.model.routing import HeaderMatch
 
 ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=3, sock_connect=1)
@@ -129,6 +129,8 @@ class ClusterCounters:
     values: Mapping[str, int]
     latency_ms_buckets: Mapping[float, int]
     preview_values: Mapping[str, int] = field(default_factory=dict)
+    # Behind a failover (aggregate) cluster, which Envoy books the answers on: the standby's too.
+    fails_over: bool = False
 
 
 def parse_stats(stats: Mapping[str, Any]) -> dict[str, ClusterCounters]:
@@ -137,6 +139,7 @@ def parse_stats(stats: Mapping[str, Any]) -> dict[str, ClusterCounters]:
     values: dict[str, dict[str, int]] = {}
     preview_values: dict[str, dict[str, int]] = {}
     buckets: dict[str, dict[float, int]] = {}
+    failing_over: set[str] = set()
     for entry in stats.get("stats", []):
         if "value" in entry:
             _, _, rest = entry["name"].partition(".")
@@ -144,6 +147,8 @@ def parse_stats(stats: Mapping[str, Any]) -> dict[str, ClusterCounters]:
             owner = backend_of(cluster)
             if owner is not None:
                 kind, backend = owner
+                if kind in (FAILOVER, GRPC_FAILOVER):
+                    failing_over.add(backend)
                 into = (preview_values if kind == PREVIEW else values).setdefault(backend, {})
                 into[stat] = into.get(stat, 0) + int(entry["value"])
         for histogram in entry.get("histograms", []) if isinstance(entry.get("histograms"), list) else []:
@@ -158,7 +163,9 @@ def parse_stats(stats: Mapping[str, Any]) -> dict[str, ClusterCounters]:
                 into_buckets[bound] = into_buckets.get(bound, 0) + int(bucket.get("cumulative") or 0)
     names = set(values) | set(buckets) | set(preview_values)
     return {
-        name: ClusterCounters(values.get(name, {}), buckets.get(name, {}), preview_values.get(name, {}))
+        name: ClusterCounters(
+            values.get(name, {}), buckets.get(name, {}), preview_values.get(name, {}), name in failing_over
+        )
         for name in names
     }
 

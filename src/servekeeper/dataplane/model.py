@@ -164,6 +164,10 @@ class BackendStats:
     rq_completed: int = 0
     # Upstream request time: cumulative counts per bucket upper bound in milliseconds.
     latency_ms_buckets: dict[float, int] = field(default_factory=dict)
+    # Of a backend with a standby behind it, the requests routed to it that its nodes never took:
+    # Envoy books the standby's answers to them (codes, latency) on the backend's failover
+    # cluster, so they are in rq_completed and the code classes, but not in rq_total.
+    rq_failed_over: int = 0
     # Which processes these sums come from (their pids): counters compare only within one epoch.
     epoch: str = ""
 

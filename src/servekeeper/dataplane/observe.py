@@ -73,11 +73,14 @@ def sum_backend_stats(answers: Sequence[dict[str, ClusterCounters]]) -> dict[str
     that routes() reports, preview requests included."""
     totals: dict[str, dict[str, int]] = {}
     buckets: dict[str, dict[float, int]] = {}
+    failing_over: set[str] = set()
     for stats in answers:
         for backend, counters in stats.items():
             if not counters.values and not counters.latency_ms_buckets:
                 continue  # only a preview cluster's stats (no main cluster in this process)
             into = totals.setdefault(backend, {})
+            if counters.fails_over:
+                failing_over.add(backend)
             for key in (
                 "upstream_rq_total",
                 "upstream_rq_completed",
@@ -98,10 +101,17 @@ def sum_backend_stats(answers: Sequence[dict[str, ClusterCounters]]) -> dict[str
             rq_5xx=t["upstream_rq_5xx"],
             rq_active=t["active"],
             rq_completed=t["upstream_rq_completed"],
+            rq_failed_over=_failed_over(t) if backend in failing_over else 0,
             latency_ms_buckets=dict(sorted(buckets.get(backend, {}).items())),
         )
         for backend, t in sorted(totals.items())
     }
+
+
+def _failed_over(totals: dict[str, int]) -> int:
+    """Answers booked on a backend's failover cluster that its own nodes never took. A request in
+    flight or retried is in rq_total first: the estimate errs low, never high."""
+    return max(0, totals["upstream_rq_completed"] - totals["upstream_rq_total"])
 
 
 def version_acknowledged(applied: str | None, written: str | None, resources: Collection[str]) -> bool:

@@ -94,7 +94,8 @@ def series(samples: Sequence[Sample], backends: Sequence[str] | None = None) -> 
             old = old or BackendStats(backend=name)
             requests = max(0, new.rq_total - old.rq_total)
             result[name].rate.append((after.time, requests / elapsed))
-            result[name].errors.append((after.time, max(0, new.rq_5xx - old.rq_5xx) / elapsed))
+            failed = new.rq_5xx + new.rq_failed_over - old.rq_5xx - old.rq_failed_over  # refused ones too
+            result[name].errors.append((after.time, max(0, failed) / elapsed))
             result[name].p99_ms.append((after.time, _quantile_ms(old.latency_ms_buckets, new.latency_ms_buckets, 0.99)))
     return result
 
