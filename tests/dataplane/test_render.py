@@ -11,7 +11,7 @@ from servekeeper.controller.observe import backend_counters_of
 from servekeeper.dataplane import Backend, DataPlaneError, Endpoint, RouteObservation, ServiceRoute
 from servekeeper.dataplane.admin import parse_config_dump, parse_stats
 from servekeeper.dataplane.clusters import render_clusters, union_clusters
-from servekeeper.dataplane.model import route_from_json, route_to_json
+from servekeeper.dataplane.model import SILENT_UPSTREAM_S, route_from_json, route_to_json
 from servekeeper.dataplane.names import backend_of
 from servekeeper.dataplane.observe import sum_backend_stats
 from servekeeper.dataplane.render import render_listeners, render_route_configs
@@ -133,8 +133,14 @@ def test_invalid_routes_are_refused(make: Any) -> None:
 
 
 def test_route_round_trips_through_json() -> None:
-    route = svc({"hello-g1": 10, "hello-g2": 90}, grpc_port=9000, request_timeout_s=5)
+    route = svc({"hello-g1": 10, "hello-g2": 90}, grpc_port=9000, request_timeout_s=5, silent_upstream_s=0)
     assert route_from_json(route_to_json(route)) == route
+    stored_before = {key: value for key, value in route_to_json(route).items() if key != "silent_upstream_s"}
+    assert route_from_json(stored_before).silent_upstream_s == SILENT_UPSTREAM_S
+    # Every upstream cluster of the service carries it (0: the kernel's own default).
+    for cluster in render_clusters([route]).values():
+        (option,) = cluster["upstream_bind_config"]["socket_options"]
+        assert (option["description"], option["int_value"]) == ("TCP_USER_TIMEOUT", 0)
 
 
 def test_observation_converts_to_the_controller_view() -> None:

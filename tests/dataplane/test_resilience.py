@@ -211,3 +211,27 @@ async def test_a_hung_envoy_is_replaced(make_plane: PlaneFactory, upstream: Upst
         await supervisor
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim.pid, signal.SIGKILL)
+
+
+async def test_an_upload_its_upstream_stops_reading_fails_only_past_silent_upstream_seconds(
+    make_plane: PlaneFactory, upstream: UpstreamFactory
+) -> None:
+    # TCP_USER_TIMEOUT ends requests on a silent host, and the kernel applies it as well to a
+    # live peer whose window stays shut: an upload not read for 6 s fails at the default 4 s
+    # and passes where the service allows 10 s.
+    strict, lenient = await upstream("strict"), await upstream("lenient")
+    plane = await make_plane(processes=1)
+    strict_port, lenient_port = free_port(), free_port()
+    await plane.set_route(route("strict", strict_port, [Backend("strict", (strict.endpoint,))], {"strict": 100}))
+    lenient_route = route(
+        "lenient", lenient_port, [Backend("lenient", (lenient.endpoint,))], {"lenient": 100}, silent_upstream_s=10
+    )
+    await plane.set_route(lenient_route)
+    body = b"x" * (32 * 1024 * 1024)  # far more than the socket buffers on both sides hold
+    async with httpx.AsyncClient(timeout=30) as http:
+        started = time.monotonic()
+        cut = await http.post(f"http://127.0.0.1:{strict_port}/slow-reader?stall=6", content=body)
+        cut_after = time.monotonic() - started
+        kept = await http.post(f"http://127.0.0.1:{lenient_port}/slow-reader?stall=6", content=body)
+    assert cut.status_code == 503 and 3.5 < cut_after < 6, (cut.status_code, cut.text, cut_after)
+    assert (kept.status_code, kept.text) == (200, str(len(body)))

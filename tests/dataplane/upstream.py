@@ -31,6 +31,7 @@ class Upstream:
         app.router.add_get("/cookies", self._cookies)
         app.router.add_get("/headers", self._headers)
         app.router.add_post("/echo", self._echo)
+        app.router.add_post("/slow-reader", self._slow_reader)
         app.router.add_route("*", "/{tail:.*}", self._hello)
         return app
 
@@ -54,6 +55,12 @@ class Upstream:
         if delay:
             await asyncio.sleep(delay)
         return web.Response(text=self.name, status=int(request.query.get("status", "200")))
+
+    async def _slow_reader(self, request: web.Request) -> web.Response:
+        """Reads the body only after `stall` seconds, as a proxy holding an upload while it waits
+        for a replica: once the socket buffers fill, the sender sees a shut window."""
+        await asyncio.sleep(float(request.query["stall"]))
+        return web.Response(text=str(len(await request.read())))
 
     async def _headers(self, request: web.Request) -> web.Response:
         return web.json_response({"backend": self.name, "headers": dict(request.headers)})

@@ -308,6 +308,7 @@ class Executor:
             max_request_bytes=ingress.maxRequestBytes,
             request_timeout_s=ingress.requestTimeoutSeconds,
             idle_timeout_s=ingress.idleTimeoutSeconds,
+            silent_upstream_s=ingress.silentUpstreamSeconds,
         )
 
     def _delete_cluster(self, name: str, service: str) -> None:

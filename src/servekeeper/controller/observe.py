@@ -221,6 +221,7 @@ def _listener_settings_changed(route: ServiceRoute | None, spec: ServiceSpec) ->
         route.max_request_bytes,
         route.request_timeout_s,
         route.idle_timeout_s,
+        route.silent_upstream_s,
         route.preview_port,
     )
     return observed != (
@@ -229,6 +230,7 @@ def _listener_settings_changed(route: ServiceRoute | None, spec: ServiceSpec) ->
         ingress.maxRequestBytes,
         ingress.requestTimeoutSeconds,
         ingress.idleTimeoutSeconds,
+        ingress.silentUpstreamSeconds,
         ingress.previewPort,
     )
 

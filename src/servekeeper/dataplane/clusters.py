@@ -34,18 +34,22 @@ def _is_ip(host: str) -> bool:
 
 
 # Seconds a pooled upstream connection is quiet before the kernel probes it: with 2 probes 1 s
-# apart, a connection to a silent host fails about 4 s after its last byte.
+# apart, an idle connection to a silent host fails about 4 s after its last byte (TCP_USER_TIMEOUT,
+# when set, decides instead: the route's `silent_upstream_s`).
 KEEPALIVE_TIME_S = 2
 
 
-# setsockopt(IPPROTO_TCP, TCP_USER_TIMEOUT, ms) before connect (Linux: level 6, option 18).
-_USER_TIMEOUT: Resource = {
-    "description": "TCP_USER_TIMEOUT",
-    "level": 6,
-    "name": 18,
-    "int_value": 1000 * (KEEPALIVE_TIME_S + 2),
-    "state": "STATE_PREBIND",
-}
+def _user_timeout(seconds: float) -> Resource:
+    """setsockopt(IPPROTO_TCP, TCP_USER_TIMEOUT, ms) before connect (Linux: level 6, option 18):
+    how long sent bytes may stay unacknowledged, or the peer's window shut, before the
+    connection, and the request on it, fails. 0 leaves it to the kernel."""
+    return {
+        "description": "TCP_USER_TIMEOUT",
+        "level": 6,
+        "name": 18,
+        "int_value": round(1000 * seconds),
+        "state": "STATE_PREBIND",
+    }
 
 
 def _ejects_fast(endpoint_count: int, fails_over: bool) -> bool:
@@ -134,9 +138,10 @@ def _load_assignment(name: str, endpoints: tuple[Endpoint, ...]) -> Resource:
     return assignment
 
 
-def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Resource:
+def render_cluster(kind: str, backend: Backend, fails_over: bool, silent_upstream_s: float) -> Resource:
     """The backend's HTTP or gRPC cluster; a PREVIEW cluster is its HTTP cluster under another name.
-    `fails_over`: a standby stands behind it (see `_outlier_detection`)."""
+    `fails_over`: a standby stands behind it (see `_outlier_detection`). `silent_upstream_s`: see
+    `_user_timeout`."""
     endpoints: tuple[Endpoint, ...] = backend.grpc if kind == GRPC else backend.http
     name = cluster_name(kind, backend.name)
     if kind != GRPC:
@@ -175,11 +180,12 @@ def render_cluster(kind: str, backend: Backend, fails_over: bool = False) -> Res
         # A request hung on a silent host ends when the kernel finds its connection dead, not at
         # the client's timeout: a request not acknowledged within TCP_USER_TIMEOUT (one sent after
         # the host fell silent), one acknowledged when the keepalive probes go unanswered. A host
-        # that answers, however slow its app, acknowledges both at once, so long requests live.
+        # that answers, however slow its app, acknowledges both at once, so long requests live;
+        # but an upload its app stops reading for longer shuts the window and fails the same way.
         "upstream_connection_options": {
             "tcp_keepalive": {"keepalive_time": KEEPALIVE_TIME_S, "keepalive_interval": 1, "keepalive_probes": 2}
         },
-        "upstream_bind_config": {"socket_options": [_USER_TIMEOUT]},
+        "upstream_bind_config": {"socket_options": [_user_timeout(silent_upstream_s)]},
         "circuit_breakers": _circuit_breakers(),
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -208,16 +214,17 @@ def render_clusters(routes: Iterable[ServiceRoute]) -> dict[str, Resource]:
     for route in routes:
         for backend in route.backends:
             fails_over = failover_target(route, backend.name, HTTP) is not None
-            clusters[cluster_name(HTTP, backend.name)] = render_cluster(HTTP, backend, fails_over)
+            silent = route.silent_upstream_s
+            clusters[cluster_name(HTTP, backend.name)] = render_cluster(HTTP, backend, fails_over, silent)
             if route.grpc_port is not None and backend.grpc:
                 grpc_fails_over = failover_target(route, backend.name, GRPC) is not None
-                clusters[cluster_name(GRPC, backend.name)] = render_cluster(GRPC, backend, grpc_fails_over)
+                clusters[cluster_name(GRPC, backend.name)] = render_cluster(GRPC, backend, grpc_fails_over, silent)
             for protocol in (HTTP, GRPC):
                 if (standby := failover_target(route, backend.name, protocol)) is not None:
                     failover = render_failover_cluster(backend.name, standby, protocol)
                     clusters[cluster_name(FAILOVER_KIND[protocol], backend.name)] = failover
             if route.preview_port is not None:
-                clusters[cluster_name(PREVIEW, backend.name)] = render_cluster(PREVIEW, backend)
+                clusters[cluster_name(PREVIEW, backend.name)] = render_cluster(PREVIEW, backend, False, silent)
     return dict(sorted(clusters.items()))
 
 

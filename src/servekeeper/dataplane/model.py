@@ -26,6 +26,10 @@ def check_name(kind: str, name: str) -> None:
         raise DataPlaneError(f"{kind} name {name!r} must match {_NAME.pattern}")
 
 
+# The ingress's `silentUpstreamSeconds` unless a service sets it (see `clusters._user_timeout`).
+SILENT_UPSTREAM_S = 4.0
+
+
 @dataclass(frozen=True)
 class Backend:
     """One Ray cluster: every node's Serve HTTP proxy (and gRPC proxy, when it has one)."""
@@ -54,6 +58,7 @@ class ServiceRoute:
     max_request_bytes: int = 64 * 1024 * 1024
     request_timeout_s: float = 0  # 0: no limit, so long streams are never cut
     idle_timeout_s: float = 300
+    silent_upstream_s: float = SILENT_UPSTREAM_S  # TCP_USER_TIMEOUT of the upstream connections; 0: the kernel's
     # A second HTTP port that sends every request to one backend (a pending cluster, for smoke
     # tests before any user traffic moves), whatever its weight; with no backend it answers 503.
     preview_port: int | None = None
@@ -91,7 +96,7 @@ class ServiceRoute:
             raise DataPlaneError(f"service {self.service}: a header route needs one of the backends {names}")
         if self.mirror is not None and (self.mirror.backend not in names or not 0 < self.mirror.percent <= 100):
             raise DataPlaneError(f"service {self.service}: a mirror needs one of the backends {names} and 1-100%")
-        if self.max_request_bytes <= 0 or self.request_timeout_s < 0 or self.idle_timeout_s < 0:
+        if min(self.request_timeout_s, self.idle_timeout_s, self.silent_upstream_s) < 0 or self.max_request_bytes <= 0:
             raise DataPlaneError(f"service {self.service}: limits must be positive")
 
     def listener_ports(self) -> list[int]:
@@ -181,6 +186,7 @@ def route_to_json(route: ServiceRoute) -> dict[str, Any]:
         "max_request_bytes": route.max_request_bytes,
         "request_timeout_s": route.request_timeout_s,
         "idle_timeout_s": route.idle_timeout_s,
+        "silent_upstream_s": route.silent_upstream_s,
         "preview_port": route.preview_port,
         "preview_backend": route.preview_backend,
         "standby": route.standby,
@@ -234,6 +240,7 @@ def route_from_json(data: Mapping[str, Any]) -> ServiceRoute:
             max_request_bytes=data["max_request_bytes"],
             request_timeout_s=data["request_timeout_s"],
             idle_timeout_s=data["idle_timeout_s"],
+            silent_upstream_s=data.get("silent_upstream_s", SILENT_UPSTREAM_S),  # routes stored before it was a setting
             # Routes stored before previews existed have neither key.
             preview_port=data.get("preview_port"),
             preview_backend=data.get("preview_backend"),

@@ -44,6 +44,10 @@ class IngressSpec(StrictModel):
     maxRequestBytes: int = Field(default=64 * 1024 * 1024, ge=1, le=4 * 1024**3)  # 413 above, chunked too
     requestTimeoutSeconds: float = Field(default=0, ge=0, le=86400)  # 0: none, so long streams work
     idleTimeoutSeconds: float = Field(default=300, gt=0, le=86400)
+    # How long a request's upstream may leave bytes unacknowledged, or keep its window shut (an app
+    # not reading an upload), before the request fails: a silent host's requests end then, not at
+    # their client's timeout. The kernel cannot tell the two apart. 0: its default (~15 minutes).
+    silentUpstreamSeconds: float = Field(default=4, ge=0, le=3600)
     # While a pending (canary) cluster exists, this port sends all its requests there; else 503.
     previewPort: int | None = Field(default=None, ge=1, le=65535)
 
