@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from servekeeper.dataplane.admin import parse_config_dump, parse_stats
 from servekeeper.dataplane.clusters import render_clusters, union_clusters
 from servekeeper.dataplane.model import SILENT_UPSTREAM_S, route_from_json, route_to_json
 from servekeeper.dataplane.names import backend_of
-from servekeeper.dataplane.observe import sum_backend_stats
+from servekeeper.dataplane.observe import never_falling, sum_backend_stats
 from servekeeper.dataplane.render import render_listeners, render_route_configs
 from servekeeper.dataplane.supervision import Backoff
 
@@ -255,6 +256,13 @@ def test_answers_a_standby_gave_for_a_backend_count_as_the_backends_failures() -
     figures = sum_backend_stats([parse_stats(stats)])
     assert (figures["a"].rq_failed_over, figures["a"].rq_2xx, figures["a"].rq_total) == (7, 17, 10)
     assert figures["s"].rq_failed_over == 0 and figures["b"].rq_failed_over == 0
+    # Requests started later lower completed - total: the figure is kept at its highest, as a
+    # counter, until the Envoy processes change (another epoch).
+    peaks: dict[str, tuple[str, int]] = {}
+    assert never_falling(figures, peaks, "1,2")["a"].rq_failed_over == 7
+    fewer = {"a": replace(figures["a"], rq_failed_over=4)}
+    assert never_falling(fewer, peaks, "1,2")["a"].rq_failed_over == 7 and set(peaks) == {"a"}
+    assert never_falling(fewer, peaks, "3,4")["a"].rq_failed_over == 4
     counters = backend_counters_of(figures)
     assert (counters["a"].requests, counters["a"].errors_5xx) == (17, 7)
     assert (counters["b"].requests, counters["b"].errors_5xx) == (4, 1)

@@ -9,7 +9,7 @@ import time
 import grpc
 import httpx
 
-from servekeeper.dataplane import Backend, Endpoint
+from servekeeper.dataplane import Backend, DataPlane, Endpoint
 from servekeeper.dataplane.clusters import render_clusters
 from servekeeper.dataplane.render import render_route_configs
 from tests.dataplane.conftest import (
@@ -68,6 +68,16 @@ def test_the_active_reaches_the_standby_through_an_aggregate_cluster_and_ejects_
         set(render_clusters([plain])) == {"http-a", "http-s"}
         and "outlier_detection" not in render_clusters([plain])["http-a"]
     )
+
+
+async def failed_over_until(plane: DataPlane, backend: str, count: int) -> int:
+    """The backend's rq_failed_over once it reaches `count`, or after 4 s (stats are read live)."""
+    for _ in range(40):
+        failed_over = (await plane.backend_stats())[backend].rq_failed_over
+        if failed_over == count:
+            break
+        await asyncio.sleep(0.1)
+    return failed_over
 
 
 async def test_a_dead_active_fails_over_to_the_standby_at_once(
@@ -134,12 +144,8 @@ async def test_a_dead_active_fails_over_to_the_standby_at_once(
     # The standby's answers are booked on the active's failover cluster too: the active's figures
     # tell them apart, and its analysis counts them as its failures (test_render).
     by_standby = sum(answer == "s" for _, answer in answers)
-    for _ in range(40):
-        stats = (await plane.backend_stats())["a"]
-        if stats.rq_failed_over == by_standby:
-            break
-        await asyncio.sleep(0.1)
-    assert stats.rq_failed_over == by_standby, f"{stats.rq_failed_over} failed over of {by_standby} standby answers"
+    failed_over = await failed_over_until(plane, "a", by_standby)
+    assert failed_over == by_standby, f"{failed_over} failed over of {by_standby} standby answers"
 
 
 async def test_a_dead_active_fails_grpc_over_to_the_standby_at_once(

@@ -57,6 +57,9 @@ def test_valid_spec_parses_with_defaults() -> None:
         pytest.param("metadata.name", "Hello_World", "metadata.name", id="name-not-dns-label"),
         pytest.param("spec.ingress.port", 70000, "spec.ingress.port", id="port-out-of-range"),
         pytest.param("spec.ingress.port", "http", "spec.ingress.port", id="port-wrong-type"),
+        pytest.param(
+            "spec.ingress.silentUpstreamSeconds", 0.5, "spec.ingress.silentUpstreamSeconds", id="silent-below-a-second"
+        ),
         pytest.param("spec.serveConfig.http_options", {"port": 9000}, "http_options", id="owned-serve-port"),
         pytest.param(
             "spec.rayClusterConfig.head.rayStartParams", {"port": 1}, "set by servekeeper", id="owned-start-param"

@@ -65,5 +65,5 @@ class HeadMoves:
         return moved
 
     def forget(self, cluster: str) -> None:
-        """A deleted cluster's failed move: a later cluster of the same name starts afresh."""
+        """A deleted cluster's failed move is dropped: the entries never pile up."""
         self.failures.pop(cluster, None)

@@ -85,7 +85,8 @@ class Observer:
                 or _listener_settings_changed(self.dataplane.desired_route(service.name), spec)
             ):
                 # Envoy processes disagree, the last push was not acknowledged, or the spec moved
-                # or re-limited the listener: the route is set again (to every process).
+                # or re-limited the listener or its upstream connections: the route is set again
+                # (to every process).
                 route = None
         except DataPlaneError as exc:
             ingress_ok = False  # every backend counts as busy: nothing is deleted on this look
@@ -240,7 +241,8 @@ def backend_counters_of(stats: dict[str, BackendStats]) -> dict[str, BackendCoun
     return {
         name: BackendCounters(
             requests=backend.rq_completed,
-            # A request the backend refused is its failure, though the standby answered it.
+            # A request the backend refused is its failure, though the standby answered it (an
+            # upper bound: a standby's own 5xx to such a request is in both figures).
             errors_5xx=backend.rq_5xx + backend.rq_failed_over,
             latency_ms_buckets=tuple(sorted(backend.latency_ms_buckets.items())),
             epoch=backend.epoch,

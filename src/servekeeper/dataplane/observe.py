@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 
 from servekeeper.dataplane.admin import ClusterCounters, ProcessConfig, inflight
 from servekeeper.dataplane.model import BackendStats, RouteObservation
@@ -110,8 +111,26 @@ def sum_backend_stats(answers: Sequence[dict[str, ClusterCounters]]) -> dict[str
 
 def _failed_over(totals: dict[str, int]) -> int:
     """Answers booked on a backend's failover cluster that its own nodes never took. A request in
-    flight or retried is in rq_total first: the estimate errs low, never high."""
+    flight or retried is in rq_total first: the estimate errs low, and it falls as requests start
+    (see `never_falling`)."""
     return max(0, totals["upstream_rq_completed"] - totals["upstream_rq_total"])
+
+
+def never_falling(
+    stats: dict[str, BackendStats], peaks: dict[str, tuple[str, int]], epoch: str
+) -> dict[str, BackendStats]:
+    """`stats` with each backend's rq_failed_over at its highest of this epoch, as a counter must
+    be: an analysis reads a fall as restarted counters, and a rise after a fall as new failures.
+    `peaks` (backend -> (epoch, highest)) is updated in place."""
+    kept = {}
+    for name, backend in stats.items():
+        seen_epoch, seen = peaks.get(name, (epoch, 0))
+        highest = max(backend.rq_failed_over, seen if seen_epoch == epoch else 0)
+        peaks[name] = (epoch, highest)
+        kept[name] = replace(backend, rq_failed_over=highest)
+    for gone in set(peaks) - set(stats):  # a deleted backend's
+        del peaks[gone]
+    return kept
 
 
 def version_acknowledged(applied: str | None, written: str | None, resources: Collection[str]) -> bool:

@@ -24,7 +24,7 @@ import aiohttp
 
 from servekeeper.dataplane.admin import AdminClient, ProcessConfig
 from servekeeper.dataplane.model import BackendStats, DataPlaneError, RouteObservation, ServiceRoute
-from servekeeper.dataplane.observe import observe_routes, sum_backend_stats
+from servekeeper.dataplane.observe import never_falling, observe_routes, sum_backend_stats
 from servekeeper.dataplane.process import (
     EnvoyProcess,
     ProcessInfo,
@@ -68,6 +68,7 @@ class DataPlane:
         self._files = {i: XdsFiles(self.dir / f"envoy-{i}") for i in range(processes)}
         self._pusher = ConfigPusher(self.dir, self._files, self._read_config, ack_timeout_s)
         self._processes: dict[int, EnvoyProcess] = {}
+        self._failed_over: dict[str, tuple[str, int]] = {}  # backend -> (epoch, highest rq_failed_over)
         self._backoff = {i: Backoff() for i in range(processes)}
         self._answered_at: dict[int, float] = {}  # process index -> when its admin last answered
         self._lock = asyncio.Lock()
@@ -129,7 +130,9 @@ class DataPlane:
         stats = sum_backend_stats(await self._read_all(lambda admin, port: admin.stats(port)))
         if self._epoch() != epoch:
             raise DataPlaneError("an Envoy process was replaced while its stats were read")
-        return {name: replace(backend, epoch=epoch) for name, backend in stats.items()}
+        return never_falling(
+            {name: replace(backend, epoch=epoch) for name, backend in stats.items()}, self._failed_over, epoch
+        )
 
     def _epoch(self) -> str:
         return ",".join(str(p.pid) for p in sorted(self._processes.values(), key=lambda p: p.index))

@@ -46,10 +46,18 @@ class IngressSpec(StrictModel):
     idleTimeoutSeconds: float = Field(default=300, gt=0, le=86400)
     # How long a request's upstream may leave bytes unacknowledged, or keep its window shut (an app
     # not reading an upload), before the request fails: a silent host's requests end then, not at
-    # their client's timeout. The kernel cannot tell the two apart. 0: its default (~15 minutes).
+    # their client's timeout. The kernel cannot tell the two apart. 0: off (a silent host's
+    # requests then end after the kernel's retransmissions, ~15 minutes). At least 1 s otherwise.
     silentUpstreamSeconds: float = Field(default=4, ge=0, le=3600)
     # While a pending (canary) cluster exists, this port sends all its requests there; else 503.
     previewPort: int | None = Field(default=None, ge=1, le=65535)
+
+    @field_validator("silentUpstreamSeconds")
+    @classmethod
+    def _whole_second_or_off(cls, value: float) -> float:
+        if 0 < value < 1:
+            raise ValueError("must be 0 (off) or at least 1: below a second it cuts connections to healthy hosts")
+        return value
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> IngressSpec:

@@ -78,9 +78,11 @@ class ClusterProvider(Protocol):
         ...
 
     async def start_nodes(self, cluster: ClusterRecord, config: RayClusterConfigSpec, record: RecordChanges) -> None:
-        """Start the nodes not running yet (idempotent after a crash); `record` gets each pid at
-        once. Raises what stopped a node's start; the controller decides what it means (a pending
-        cluster's rollout fails; a serving cluster stays one node short and is started again)."""
+        """Start the nodes not running yet (idempotent after a crash); `record(nodes=...)` gets
+        every node as this start knows them, at once each time a pid is new: the caller keeps only
+        those this start launched (`launched_into`) and derives the pids from them. Raises what
+        stopped a node's start; the controller decides what it means (a pending cluster's rollout
+        fails; a serving cluster stays one node short and is started again)."""
         ...
 
     def restarted(self, cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:

@@ -92,7 +92,8 @@ def series(samples: Sequence[Sample], backends: Sequence[str] | None = None) -> 
             if new is None:
                 continue
             old = old or BackendStats(backend=name)
-            requests = max(0, new.rq_total - old.rq_total)
+            # The requests the cluster took, and those it refused that a standby answered.
+            requests = max(0, new.rq_total + new.rq_failed_over - old.rq_total - old.rq_failed_over)
             result[name].rate.append((after.time, requests / elapsed))
             failed = new.rq_5xx + new.rq_failed_over - old.rq_5xx - old.rq_failed_over  # refused ones too
             result[name].errors.append((after.time, max(0, failed) / elapsed))
