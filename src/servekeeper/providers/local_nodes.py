@@ -10,6 +10,7 @@ ports) is found by it and stopped before the node starts again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -172,3 +173,33 @@ def check_gcs_kept(cluster: ClusterRecord) -> None:
             f"the GCS state of the head of {cluster.name} is gone ({storage}): "
             "it is not started again on an empty store"
         )
+
+
+RAYLET_SOCKET_WAIT_SECONDS = 60.0
+_SOCKET_POLL_SECONDS = 0.2
+
+
+def raylet_sockets(temp_dir: str) -> int:
+    """The raylet sockets in the cluster's session dirs, those exited nodes left included."""
+    return sum(1 for _ in Path(temp_dir).glob("session_2*/sockets/raylet*"))
+
+
+async def wait_for_raylet_socket(temp_dir: str, before: int, pid: int, timeout: float) -> bool:
+    """Whether the node just started (`pid`) bound its raylet socket (`raylet_sockets` passed
+    `before`) within `timeout`; False at once when its process ends. The next node of the
+    machine must wait for it: `ray start` names its plasma and raylet sockets after the first
+    name not yet on disk, seconds before its raylet binds them, so two nodes started together
+    take the same names and the second raylet dies on `bind: Address already in use` (seen
+    with Ray 2.52: a worker started when the head's GCS opened, 2.3 s before its sockets)."""
+    deadline = time.monotonic() + timeout
+    while raylet_sockets(temp_dir) <= before:
+        if time.monotonic() >= deadline or not _running(pid):
+            return False
+        await asyncio.sleep(_SOCKET_POLL_SECONDS)
+    return True
+
+
+def _running(pid: int) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    return False
