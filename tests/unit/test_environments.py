@@ -27,6 +27,7 @@ from servekeeper.providers.environments import (
     locked_set,
     pinned,
 )
+from servekeeper.providers.ray_release import release_time_of
 from servekeeper.store.store import Store
 from tests.unit.test_controller import make_spec
 
@@ -58,6 +59,10 @@ class FakeUv:
 
     def count(self, *command: str) -> int:
         return sum(1 for call in self.calls if call[: len(command)] == list(command))
+
+
+async def unknown_release(version: str) -> None:
+    """An index that gives no upload times: the request resolves against today's packages."""
 
 
 OWN_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"  # the suite runs on 3.10 and 3.11
@@ -115,7 +120,7 @@ def test_a_request_defaults_to_the_controllers_python_and_ray_and_ignores_the_or
 
 async def test_an_environment_is_resolved_once_built_once_and_shared(tmp_path: Path) -> None:
     uv = FakeUv(resolves={"numpy": "numpy==2.0", "numpy>=2": "numpy==2.0"})
-    environments = Environments(tmp_path, run=uv, interpreters=interpreters)
+    environments = Environments(tmp_path, run=uv, interpreters=interpreters, released=unknown_release)
     first, built = await environments.prepare(request_of(rayVersion="2.59.0", pip=["numpy"]))
     assert built and (first.path / READY_MARK).exists() and first.ray.exists()
     again, built = await environments.prepare(request_of(rayVersion="2.59.0", pip=["numpy"]))
@@ -131,7 +136,9 @@ async def test_an_environment_is_resolved_once_built_once_and_shared(tmp_path: P
 
 
 async def test_a_failed_resolve_is_told_with_uvs_message_and_nothing_is_left_as_built(tmp_path: Path) -> None:
-    environments = Environments(tmp_path, run=FakeUv(fail="compile"), interpreters=interpreters)
+    environments = Environments(
+        tmp_path, run=FakeUv(fail="compile"), interpreters=interpreters, released=unknown_release
+    )
     spec = config(pip=["nope-not-a-package"])
     request = EnvironmentRequest.of(spec)
     assert request is not None
@@ -143,14 +150,14 @@ async def test_a_failed_resolve_is_told_with_uvs_message_and_nothing_is_left_as_
 
 
 async def test_a_python_the_machine_lacks_is_refused_by_version(tmp_path: Path) -> None:
-    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters)
+    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters, released=unknown_release)
     with pytest.raises(EnvironmentFailed, match=r"Python 3.13: no interpreter of it .*has 3.10, 3.11"):
         await environments.prepare(request_of(pythonVersion="3.13"))
 
 
 async def test_a_build_cut_short_is_done_again_from_nothing(tmp_path: Path) -> None:
     uv = FakeUv()
-    environments = Environments(tmp_path, run=uv, interpreters=interpreters)
+    environments = Environments(tmp_path, run=uv, interpreters=interpreters, released=unknown_release)
     request = request_of(rayVersion="2.59.0")
     environment, _ = await environments.prepare(request)
     (environment.path / READY_MARK).unlink()  # as if the controller died before the marker
@@ -161,7 +168,7 @@ async def test_a_build_cut_short_is_done_again_from_nothing(tmp_path: Path) -> N
 
 
 async def test_pruning_deletes_what_no_spec_uses_and_never_what_one_does(tmp_path: Path) -> None:
-    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters)
+    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters, released=unknown_release)
     kept, _ = await environments.prepare(request_of(rayVersion="2.59.0"))
     dropped, _ = await environments.prepare(request_of(rayVersion="2.58.0"))
     assert environments.prune([config(rayVersion="2.59.0"), config()]) == [dropped.key]
@@ -189,7 +196,9 @@ def test_a_pool_cluster_asking_for_its_own_environment_is_refused_by_field() -> 
 
 async def test_a_deleted_clusters_environment_goes_unless_a_kept_revision_uses_it(tmp_path: Path, store: Store) -> None:
     """`undo` may go back to any kept revision: its environment stays; one nothing names goes."""
-    environments = Environments(tmp_path / "environments", run=FakeUv(), interpreters=interpreters)
+    environments = Environments(
+        tmp_path / "environments", run=FakeUv(), interpreters=interpreters, released=unknown_release
+    )
     builds = EnvironmentBuilds(store, environments, clock=lambda: 0.0)
     old, _ = await environments.prepare(request_of(rayVersion="2.58.0"))
     kept, _ = await environments.prepare(request_of(rayVersion="2.59.0"))
@@ -217,7 +226,7 @@ def test_a_cluster_is_created_with_its_ray_and_python_written_down(monkeypatch: 
 
 async def test_requests_that_resolve_alike_build_their_directory_once_at_a_time(tmp_path: Path) -> None:
     uv = FakeUv(resolves={"numpy": "numpy==2.0", "numpy>=2": "numpy==2.0"})
-    environments = Environments(tmp_path, run=uv, interpreters=interpreters)
+    environments = Environments(tmp_path, run=uv, interpreters=interpreters, released=unknown_release)
     built = await asyncio.gather(
         environments.prepare(request_of(pip=["numpy"])), environments.prepare(request_of(pip=["numpy>=2"]))
     )
@@ -226,7 +235,7 @@ async def test_requests_that_resolve_alike_build_their_directory_once_at_a_time(
 
 
 async def test_an_environment_taken_out_of_use_loses_its_marker_before_anything_else(tmp_path: Path) -> None:
-    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters)
+    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters, released=unknown_release)
     environment, _ = await environments.prepare(request_of(rayVersion="2.58.0"))
     (retired,) = environments.retire_unused([])
     assert retired == environment.path and not environment.path.exists()
@@ -235,3 +244,36 @@ async def test_an_environment_taken_out_of_use_loses_its_marker_before_anything_
     assert environments.built(request_of(rayVersion="2.58.0")) is None
     environments.empty_trash()
     assert not (tmp_path / "trash").exists()
+
+
+async def test_ray_and_its_dependencies_resolve_as_of_its_release_then_the_request_prefers_them(
+    tmp_path: Path,
+) -> None:
+    """Ray 2.52.0's Serve fails on protobuf 7 (released after it): its image holds protobuf 5."""
+
+    async def released(version: str) -> str:
+        assert version == "2.52.0"
+        return "2025-11-20T18:00:00Z"
+
+    uv = FakeUv()
+    environments = Environments(tmp_path, run=uv, interpreters=interpreters, released=released)
+    await environments.prepare(request_of(rayVersion="2.52.0", pip=["numpy"]))
+    ray_alone, full = [call for call in uv.calls if call[:2] == ["pip", "compile"]]
+    assert ray_alone[ray_alone.index("--exclude-newer") + 1] == "2025-11-20T18:00:00Z"
+    assert Path(ray_alone[2]).read_text() == "ray[serve]==2.52.0\n"
+    assert "--exclude-newer" not in full, "the user's packages are not held to Ray's day"
+    assert full[full.index("-o") + 1] == ray_alone[ray_alone.index("-o") + 1], "Ray's pins are the preferences"
+    assert Path(full[2]).read_text() == "ray[serve]==2.52.0\nnumpy\n"
+
+
+def test_a_release_is_published_when_its_last_file_is_uploaded() -> None:
+    page = [
+        {"filename": "ray-2.52.0-cp311-cp311-manylinux2014_x86_64.whl", "upload-time": "2025-11-20T17:00:00.1Z"},
+        {"filename": "ray-2.52.0-cp312-cp312-manylinux2014_x86_64.whl", "upload-time": "2025-11-20T18:00:00.2Z"},
+        {"filename": "ray-2.52.1-cp311-cp311-manylinux2014_x86_64.whl", "upload-time": "2025-12-20T18:00:00Z"},
+        {"filename": "ray-2.5.0-cp311-cp311-manylinux2014_x86_64.whl", "upload-time": "2023-06-01T00:00:00Z"},
+    ]
+    assert release_time_of(page, "2.52.0") == "2025-11-20T18:00:00.2Z"
+    assert release_time_of(page, "2.5.0") == "2023-06-01T00:00:00Z", "2.5.0 is not 2.52.0's prefix"
+    assert release_time_of([{"filename": "ray-2.52.0-cp311-none.whl"}], "2.52.0") is None, "no upload times"
+    assert release_time_of(page, "2.46.0") is None

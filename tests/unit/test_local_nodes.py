@@ -5,8 +5,10 @@ for a restart in place; and what an exited node left behind, found by its tag an
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,9 +25,12 @@ from servekeeper.providers.local_nodes import (
     node_tag,
     nodes_of,
     placed_nodes,
+    raylet_socket_paths,
     stop_leftovers,
+    wait_for_raylet_sockets,
 )
 from servekeeper.providers.node_argv import gcs_storage_dir
+from servekeeper.testing.harness import wait_until
 from tests.unit.test_planner import make_spec
 from tests.unit.test_pool_clusters import draft
 
@@ -124,3 +129,32 @@ def test_the_note_of_the_running_cluster_goes_before_a_head_starts_again(tmp_pat
     forget_running_cluster(str(tmp_path))
     assert not note.exists()
     forget_running_cluster(str(tmp_path))  # none: nothing to do
+
+
+def _node_with_raylet(sockets: Path) -> subprocess.Popen[bytes]:
+    """A stand-in for `ray start`: a parent whose child has a raylet's socket flags."""
+    raylet = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
+        f"'--raylet_socket_name={sockets}/raylet', '--store_socket_name={sockets}/plasma_store']); time.sleep(60)"
+    )
+    return subprocess.Popen([sys.executable, "-c", raylet], start_new_session=True)
+
+
+async def test_a_node_waits_until_the_earlier_nodes_bound_their_socket_names(tmp_path: Path) -> None:
+    """Ray 2.52 on one machine: `ray start` names its sockets after the first free name on
+    disk, seconds before binding them; a worker started meanwhile takes the head's names."""
+    node = _node_with_raylet(tmp_path)
+    try:
+        wait_until(lambda: raylet_socket_paths(node.pid) is not None, 10, "the raylet child")
+        assert raylet_socket_paths(node.pid) == [f"{tmp_path}/raylet", f"{tmp_path}/plasma_store"]
+        assert not await wait_for_raylet_sockets(node.pid, 0.5), "names picked, not bound yet"
+        (tmp_path / "raylet").touch()
+        assert not await wait_for_raylet_sockets(node.pid, 0.5), "the plasma store's is not bound yet"
+        (tmp_path / "plasma_store").touch()
+        assert await wait_for_raylet_sockets(node.pid, 0.5)
+    finally:
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+    started = time.monotonic()
+    assert not await wait_for_raylet_sockets(node.pid, 30), "a node gone is not waited for"
+    assert time.monotonic() - started < 5

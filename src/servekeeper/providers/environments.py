@@ -28,6 +28,7 @@ import uv
 
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.providers.base import PermanentProviderError
+from servekeeper.providers.ray_release import ray_release_time
 
 ENVIRONMENTS = "environments"  # under the state dir
 READY_MARK = ".servekeeper-ready"
@@ -37,6 +38,8 @@ ANSWER_TAIL = 2000  # characters of uv's message kept in an event
 
 # (argv, extra environment) -> (exit code, output): uv run for real, or a test's stand-in
 CommandRunner = Callable[[Sequence[str], dict[str, str]], Awaitable[tuple[int, str]]]
+# a Ray version -> when it was published (None: unknown); the package index, or a test's stand-in
+ReleaseTime = Callable[[str], Awaitable[str | None]]
 
 
 class EnvironmentFailed(PermanentProviderError):
@@ -80,9 +83,12 @@ class EnvironmentRequest:
     def key(self) -> str:
         return _digest(json.dumps([self.python, self.ray, self.packages, self.platform]))
 
-    def requirements(self) -> list[str]:
+    def ray_requirement(self) -> str:
         # Serve's extra (its proxy, the REST config API) is what a node of a service needs.
-        return [f"ray[serve]=={self.ray}", *self.packages]
+        return f"ray[serve]=={self.ray}"
+
+    def requirements(self) -> list[str]:
+        return [self.ray_requirement(), *self.packages]
 
     def describe(self) -> str:
         extra = f" with {', '.join(self.packages)}" if self.packages else ""
@@ -159,9 +165,11 @@ class Environments:
         root: Path,
         run: CommandRunner = run_uv,
         interpreters: Callable[[], dict[str, Path]] = find_interpreters,
+        released: ReleaseTime = ray_release_time,
     ) -> None:
         self.root = root
         self.run = run
+        self.released = released
         self.interpreters = interpreters
         self.building: dict[str, asyncio.Lock] = {}  # request key -> its build (one at a time)
 
@@ -190,16 +198,7 @@ class Environments:
         async with self.building.setdefault(key, asyncio.Lock()):
             lock = self.root / LOCKS / f"{key}.txt"
             if not lock.exists():
-                lock.parent.mkdir(parents=True, exist_ok=True)
-                wanted = lock.with_suffix(".in")
-                wanted.write_text("".join(f"{line}\n" for line in request.requirements()))
-                interpreter = self._interpreter(request.python)
-                compiled = lock.with_suffix(".compiled")
-                argv = ["pip", "compile", str(wanted), "--python", str(interpreter), "--quiet", "-o", str(compiled)]
-                await self._uv(argv, request)
-                temporary = lock.with_suffix(".tmp")
-                temporary.write_text(locked_set(compiled.read_text()))
-                temporary.replace(lock)  # a request's lock, once written, is its resolution for good
+                await self._resolve(request, lock)
             environment = self._named(lock.read_text())
         # Requests that resolve alike share the directory: one build of it at a time.
         async with self.building.setdefault(f"environment {environment.key}", asyncio.Lock()):
@@ -207,6 +206,29 @@ class Environments:
                 return environment, False
             await self._build(environment, lock, request)
             return environment, True
+
+    async def _resolve(self, request: EnvironmentRequest, lock: Path) -> None:
+        """Write the request's lock. Ray and its own dependencies are resolved first as they
+        were when that Ray was published (what its image holds); the full request is then
+        resolved preferring those pins, so the user's packages move one only when they need to."""
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        interpreter = str(self._interpreter(request.python))
+        compiled = lock.with_suffix(".compiled")
+        compiled.unlink(missing_ok=True)  # a resolve a crash cut short is not a preference
+        released = await self.released(request.ray)
+        if released is not None:
+            ray_alone = lock.with_suffix(".ray.in")
+            ray_alone.write_text(f"{request.ray_requirement()}\n")
+            argv = ["pip", "compile", str(ray_alone), "--python", interpreter, "--quiet", "--exclude-newer", released]
+            await self._uv([*argv, "-o", str(compiled)], request)
+        wanted = lock.with_suffix(".in")
+        wanted.write_text("".join(f"{line}\n" for line in request.requirements()))
+        # an existing output file's pins are uv's preferences (`--upgrade` is what ignores them)
+        argv = ["pip", "compile", str(wanted), "--python", interpreter, "--quiet", "-o", str(compiled)]
+        await self._uv(argv, request)
+        temporary = lock.with_suffix(".tmp")
+        temporary.write_text(locked_set(compiled.read_text()))
+        temporary.replace(lock)  # a request's lock, once written, is its resolution for good
 
     async def _build(self, environment: Environment, lock: Path, request: EnvironmentRequest) -> None:
         shutil.rmtree(environment.path, ignore_errors=True)  # a build a crash cut short

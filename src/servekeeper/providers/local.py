@@ -41,7 +41,6 @@ from servekeeper.providers.environments import Environment, Environments
 from servekeeper.providers.gcs_storage import node_env
 from servekeeper.providers.local_nodes import (
     NODE_TAG_ENV,
-    RAYLET_SOCKET_WAIT_SECONDS,
     check_gcs_kept,
     forget_running_cluster,
     head_command,
@@ -51,9 +50,8 @@ from servekeeper.providers.local_nodes import (
     placed_nodes,
     processes_tagged,
     ray_executable,
-    raylet_sockets,
     stop_leftovers,
-    wait_for_raylet_socket,
+    wait_for_earlier_raylets,
     worker_command,
     worker_groups,
 )
@@ -216,25 +214,24 @@ class LocalProvider:
         a crash never leaves an unknown process; it gets every node as this start knows them,
         and the controller keeps only those this start launched (`launched_into`)."""
         nodes = list(nodes_of(cluster))
-        to_start = [index for index, node in enumerate(nodes) if node.pid is None and not node.stopped]
-        for index in to_start:
-            node = nodes[index]
+        for index, node in enumerate(nodes):
+            if node.pid is not None or node.stopped:
+                continue
             if index == 0:
                 await asyncio.to_thread(check_gcs_kept, cluster)
                 forget_running_cluster(cluster.temp_dir)
             elif not await wait_for_port("127.0.0.1", cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
                 raise ProviderError(f"the head's GCS did not open port {cluster.ports.gcs}; see {cluster.log_dir}")
+            else:
+                await wait_for_earlier_raylets(nodes[:index])
             # What an exited node left (its raylet, its ports; or a start cut short by a crash
             # before its pid was recorded) goes first: never a second node beside the first.
             await asyncio.to_thread(stop_leftovers, node_tag(cluster, index))
             # (the temp dir is not checked again: the head's first start made it, and Ray opened it)
-            sockets_before = raylet_sockets(cluster.temp_dir)
             pid = self._spawn_node(cluster, config, index)
             nodes[index] = replace(node, pid=pid, session_id=pid)
             cluster = with_nodes(cluster, nodes)
             record(nodes=cluster.nodes)
-            if index != to_start[-1]:
-                await wait_for_raylet_socket(cluster.temp_dir, sockets_before, pid, RAYLET_SOCKET_WAIT_SECONDS)
 
     async def create(
         self, draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords

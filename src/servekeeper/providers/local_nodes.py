@@ -177,26 +177,43 @@ def check_gcs_kept(cluster: ClusterRecord) -> None:
 
 RAYLET_SOCKET_WAIT_SECONDS = 60.0
 _SOCKET_POLL_SECONDS = 0.2
+_SOCKET_FLAGS = ("--raylet_socket_name=", "--store_socket_name=")
 
 
-def raylet_sockets(temp_dir: str) -> int:
-    """The raylet sockets in the cluster's session dirs, those exited nodes left included."""
-    return sum(1 for _ in Path(temp_dir).glob("session_2*/sockets/raylet*"))
+def raylet_socket_paths(pid: int) -> list[str] | None:
+    """The raylet and plasma-store socket paths the node `ray start` (`pid`) gave its raylet,
+    read from the raylet's command line; None while it has no raylet (or has exited)."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                paths = [arg.partition("=")[2] for arg in child.cmdline() if arg.startswith(_SOCKET_FLAGS)]
+                if len(paths) == len(_SOCKET_FLAGS):
+                    return paths
+    return None
 
 
-async def wait_for_raylet_socket(temp_dir: str, before: int, pid: int, timeout: float) -> bool:
-    """Whether the node just started (`pid`) bound its raylet socket (`raylet_sockets` passed
-    `before`) within `timeout`; False at once when its process ends. The next node of the
-    machine must wait for it: `ray start` names its plasma and raylet sockets after the first
-    name not yet on disk, seconds before its raylet binds them, so two nodes started together
-    take the same names and the second raylet dies on `bind: Address already in use` (seen
-    with Ray 2.52: a worker started when the head's GCS opened, 2.3 s before its sockets)."""
+async def wait_for_raylet_sockets(pid: int, timeout: float) -> bool:
+    """Whether the node `ray start` (`pid`) started has bound its raylet and plasma-store
+    sockets within `timeout`; False at once when it exits. The next node of the machine must
+    wait for it: `ray start` names its sockets after the first name not yet on disk, seconds
+    before its raylet binds them, so two nodes started together take the same names and the
+    second dies on `bind: Address already in use` (seen with Ray 2.52: a worker started when
+    the head's GCS opened, 2.3 s before the head's sockets were bound)."""
     deadline = time.monotonic() + timeout
-    while raylet_sockets(temp_dir) <= before:
-        if time.monotonic() >= deadline or not _running(pid):
-            return False
+    while time.monotonic() < deadline and _running(pid):
+        paths = raylet_socket_paths(pid)
+        if paths is not None and all(Path(path).exists() for path in paths):
+            return True
         await asyncio.sleep(_SOCKET_POLL_SECONDS)
-    return True
+    return False
+
+
+async def wait_for_earlier_raylets(earlier: list[NodePlacement]) -> None:
+    """A node starts only once the nodes before it bound their sockets (their names are taken
+    then); a node that is gone, or never binds, is not waited for past the bound."""
+    for node in earlier:
+        if node.pid is not None and not node.stopped:
+            await wait_for_raylet_sockets(node.pid, RAYLET_SOCKET_WAIT_SECONDS)
 
 
 def _running(pid: int) -> bool:
