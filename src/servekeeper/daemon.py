@@ -37,6 +37,7 @@ from servekeeper.controller.metrics import ControllerMetrics, Metrics
 from servekeeper.dataplane import DataPlane, DataPlaneError
 from servekeeper.model.enums import SwitchGate
 from servekeeper.providers.environments import environments_of
+from servekeeper.providers.host_environments import HostEnvironments
 from servekeeper.providers.local import LocalProvider
 from servekeeper.providers.pool import PoolProvider
 from servekeeper.providers.ports import PortAllocator
@@ -122,7 +123,9 @@ async def run_daemon(
         hooks = hooks_from_environment()  # tests and benchmarks only; production gets no-op hooks
         controller_metrics = ControllerMetrics()
         # Built once: each cluster goes to this machine's provider or its host pool's.
-        provider = ProviderRouter(LocalProvider(hooks, environments_of(state_dir)), PoolProvider(store, state_dir))
+        environments = environments_of(state_dir)
+        pool = PoolProvider(store, state_dir, host_environments=HostEnvironments(environments))
+        provider = ProviderRouter(LocalProvider(hooks, environments), pool)
         controller = Controller(
             store, provider, dataplane, session, state_dir, gate=gate, hooks=hooks, metrics=controller_metrics
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from servekeeper.commands.apply import store_spec
 from servekeeper.controller.environments import EnvironmentBuilds, environments_in_use
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
-from servekeeper.model.spec import SpecError
+from servekeeper.model.hostpool import HostSpec
 from servekeeper.providers import environments as environments_module
 from servekeeper.providers.environments import (
     READY_MARK,
@@ -27,9 +27,13 @@ from servekeeper.providers.environments import (
     locked_set,
     pinned,
 )
+from servekeeper.providers.host_environments import HostEnvironments
 from servekeeper.providers.ray_release import release_time_of
+from servekeeper.providers.ssh import Copied, RemoteResult
+from servekeeper.providers.ssh_nodes import SshNodes
 from servekeeper.store.store import Store
 from tests.unit.test_controller import make_spec
+from tests.unit.test_hostpool import host
 
 
 class FakeUv:
@@ -189,9 +193,102 @@ def test_interpreters_are_found_by_minor_version(tmp_path: Path) -> None:
     assert found == {"3.10": tmp_path / "python3.10", "3.12": tmp_path / "python3.12"}
 
 
-def test_a_pool_cluster_asking_for_its_own_environment_is_refused_by_field() -> None:
-    with pytest.raises(SpecError, match=r"spec.rayClusterConfig.pip: .*on hostPool 'fleet'"):
-        make_spec(rayClusterConfig={"hostPool": "fleet", "pip": ["numpy"]})
+class FakeHosts(SshNodes):
+    """The SSH side of HostEnvironments: hosts as dicts (files copied, commands run, files written)."""
+
+    def __init__(self, interpreters: dict[str, str]) -> None:
+        super().__init__(
+            [HostSpec.model_validate({**host(n, "10.0.0.1"), "workDir": f"/work/{n}"}) for n in ("h1", "h2")]
+        )
+        self.have = interpreters
+        self.files: dict[str, dict[str, str]] = {}  # host dir -> name -> sha256
+        self.written: dict[str, bytes] = {}
+        self.commands: list[tuple[str, list[str]]] = []
+
+    async def interpreters(self, host: str) -> dict[str, str]:
+        return dict(self.have)
+
+    async def make_dirs(self, host: str, directories: Sequence[str]) -> None:
+        pass
+
+    async def sync_files(self, host: str, directory: str, files: Mapping[str, tuple[Path, str]], mode: int) -> Copied:
+        held = self.files.setdefault(f"{host}:{directory}", {})
+        missing = [name for name, (_, sha) in files.items() if held.get(name) != sha]
+        held.update({name: files[name][1] for name in missing})
+        return Copied(len(missing), 0)
+
+    def connection(self, name: str) -> Any:
+        hosts = self
+
+        class Connection:
+            async def run(self, argv: list[str], **_: Any) -> RemoteResult:
+                hosts.commands.append((name, argv))
+                done = argv[0] == "test" and f"{name}:{argv[-1]}" in hosts.written
+                return RemoteResult(0 if argv[0] != "test" or done else 1, "", "")
+
+            async def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
+                hosts.written[f"{name}:{path}"] = data
+
+        return Connection()
+
+
+async def fake_download(argv: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
+    """pip download: a wheel per pin of the lock, in -d."""
+    into = Path(argv[argv.index("-d") + 1])
+    for pin in Path(argv[argv.index("-r") + 1]).read_text().split():
+        name, _, release = pin.partition("==")
+        (into / f"{name.split('[')[0]}-{release}-py3-none-any.whl").write_text(pin)
+    return 0, ""
+
+
+async def test_a_pool_environment_is_copied_to_each_host_once_and_installed_offline(tmp_path: Path) -> None:
+    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters, released=unknown_release)
+    spec = config(rayVersion="2.59.0", pythonVersion="3.11", pip=["numpy"], hostPool="fleet")
+    request = EnvironmentRequest.of(spec)
+    assert request is not None
+    environment, _ = await environments.prepare(request)
+    downloads: list[Sequence[str]] = []
+
+    async def download(argv: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
+        downloads.append(argv)
+        return await fake_download(argv, env)
+
+    hosts = FakeHosts({"3.11": "/usr/bin/python3.11"})
+    uv_binary = tmp_path / "uv"
+    uv_binary.write_text("uv")
+    on_hosts = HostEnvironments(environments, download=download, uv_binary=str(uv_binary))
+    pythons = await on_hosts.pythons_on(hosts, ["h1", "h2", "h1"], spec)
+    directory = f"/work/h1/environments/{environment.key}"
+    assert pythons["h1"] == f"{directory}/bin/python" and set(pythons) == {"h1", "h2"}
+    assert len(downloads) == 1, "the wheels are downloaded once, for every host"
+    download_argv = list(downloads[0])
+    assert download_argv[download_argv.index("--python-version") + 1] == "3.11"
+    assert {"download", "--only-binary=:all:", "--no-deps"} <= set(download_argv), "binary wheels, as locked"
+    assert sorted(hosts.files["h1:/work/h1/wheels"]) == ["numpy-1.0-py3-none-any.whl", "ray-2.59.0-py3-none-any.whl"]
+    installs = [argv for name, argv in hosts.commands if name == "h1" and argv[0] == "env"]
+    assert [argv[5:7] for argv in installs] == [["venv", "--clear"], ["pip", "sync"]]
+    assert {"--offline", "--no-index", "/work/h1/wheels"} <= set(installs[1])
+    assert "--python" in installs[0] and "/usr/bin/python3.11" in installs[0]
+    assert f"h1:{directory}/{READY_MARK}" in hosts.written, "the marker is written last"
+
+    copies = {key: dict(files) for key, files in hosts.files.items()}
+    commands = len(hosts.commands)
+    again = HostEnvironments(environments, download=download, uv_binary=str(uv_binary))  # a restarted controller
+    assert await again.pythons_on(hosts, ["h1", "h2"], spec) == pythons
+    assert hosts.files == copies and len(downloads) == 1, "a marked environment is not copied again"
+    assert [argv[0] for _, argv in hosts.commands[commands:]] == ["test", "test"]
+
+
+async def test_a_host_without_the_requested_python_is_refused_by_name(tmp_path: Path) -> None:
+    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters, released=unknown_release)
+    spec = config(rayVersion="2.59.0", pythonVersion="3.10", hostPool="fleet")
+    request = EnvironmentRequest.of(spec)
+    assert request is not None
+    await environments.prepare(request)
+    on_hosts = HostEnvironments(environments, download=fake_download, uv_binary=sys.executable)
+    with pytest.raises(EnvironmentFailed, match=r"host h1 has no Python 3.10 \(it has 3.11, 3.12\)"):
+        await on_hosts.pythons_on(FakeHosts({"3.11": "/a", "3.12": "/b"}), ["h1"], spec)
+    assert await on_hosts.pythons_on(FakeHosts({}), ["h1"], config(hostPool="fleet")) == {}, "the hosts' own"
 
 
 async def test_a_deleted_clusters_environment_goes_unless_a_kept_revision_uses_it(tmp_path: Path, store: Store) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import hashlib
 import io
 import json
 import os
@@ -211,7 +212,8 @@ def test_no_block_fits_in_a_range_smaller_than_a_block() -> None:
     [
         pytest.param(
             [],
-            "usage: node_agent {prepare,launch,alive,gcs_kept,tail,stop,forget,ports,free} < request.json",
+            "usage: node_agent {prepare,launch,alive,gcs_kept,tail,stop,forget,ports,free,hashes,interpreters}"
+            " < request.json",
             id="no-command",
         ),
         pytest.param(["reboot"], "unknown command reboot", id="unknown"),
@@ -344,3 +346,30 @@ def test_gcs_kept_says_whether_a_head_storage_still_holds_its_session(tmp_path: 
     storage.mkdir()
     (storage / "session_name").write_text("session_2026-12-01_20-00-00_000000_1")
     assert node_agent.run("gcs_kept", {"dir": str(storage)}) == {"kept": True}
+
+
+def test_hashes_lists_what_a_host_has_by_sha256_and_leaves_partial_copies_out(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    assert node_agent.hashes({"dir": str(wheels)}) == {"files": {}}, "made when missing"
+    assert stat.S_IMODE(wheels.stat().st_mode) == 0o700
+    (wheels / "a-1.0-py3-none-any.whl").write_bytes(b"wheel")
+    (wheels / "b-1.0-py3-none-any.whl.1a2b.tmp").write_bytes(b"half")
+    files = node_agent.hashes({"dir": str(wheels)})["files"]
+    assert list(files) == ["a-1.0-py3-none-any.whl"]
+    assert files["a-1.0-py3-none-any.whl"] == hashlib.sha256(b"wheel").hexdigest()
+
+
+def test_interpreters_are_the_agents_own_then_python3_n_beside_it_and_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("python3.9", "python3.99", "python3", "python3.12-config", "python3.13"):
+        (tmp_path / name).write_text("")
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "python3.14").write_text("")  # not executable
+    monkeypatch.setenv("PATH", str(tmp_path))
+    found = node_agent.interpreters({})["interpreters"]
+    own = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert found[own] == sys.executable
+    assert {k: v for k, v in found.items() if v.startswith(str(tmp_path))} == {
+        minor: str(tmp_path / f"python{minor}") for minor in ("3.9", "3.99", "3.13") if minor != own
+    }

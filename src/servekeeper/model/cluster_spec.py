@@ -288,15 +288,3 @@ def gcs_problems(config: RayClusterConfigSpec) -> list[str]:
             "started again in place with its tables in RocksDB: use backend: rocksdb)"
         ]
     return []
-
-
-def environment_problems(config: RayClusterConfigSpec) -> list[str]:
-    """Issue 21's first step builds environments for clusters on this machine: a pool cluster
-    asking for its own would otherwise run the hosts' Ray without a word."""
-    if config.hostPool is not None and config.has_own_environment():
-        fields = [name for name in ("rayVersion", "pythonVersion", "pip") if getattr(config, name)]
-        return [
-            f"spec.rayClusterConfig.{fields[0]}: a cluster's own environment is built on this machine only for now; "
-            f"on hostPool {config.hostPool!r} its nodes run the Ray and Python installed on the hosts"
-        ]
-    return []

@@ -20,7 +20,6 @@ from servekeeper.model.base import DNS_LABEL, StrictModel
 from servekeeper.model.canary_spec import CanarySpec
 from servekeeper.model.cluster_spec import (
     RayClusterConfigSpec,
-    environment_problems,
     fractional_resource_problems,
     gcs_problems,
 )
@@ -275,7 +274,7 @@ def parse_spec(document: Any) -> ServiceSpec:
     except ValidationError as exc:
         raise SpecError(format_errors(exc)) from exc
     config = spec.spec.rayClusterConfig
-    problems = fractional_resource_problems(config) + gcs_problems(config) + environment_problems(config)
+    problems = fractional_resource_problems(config) + gcs_problems(config)
     if problems:
         raise SpecError(problems)
     return spec

@@ -173,9 +173,13 @@ class Environments:
         self.interpreters = interpreters
         self.building: dict[str, asyncio.Lock] = {}  # request key -> its build (one at a time)
 
+    def lock_of(self, request: EnvironmentRequest) -> Path:
+        """The request's lock (its resolved pins), once `prepare` resolved it."""
+        return self.root / LOCKS / f"{request.key()}.txt"
+
     def built(self, request: EnvironmentRequest) -> Environment | None:
         """The request's environment if a finished build of it is here."""
-        lock = self.root / LOCKS / f"{request.key()}.txt"
+        lock = self.lock_of(request)
         if not lock.exists():
             return None
         environment = self._named(lock.read_text())

@@ -42,7 +42,9 @@ from servekeeper.providers.cluster_token import (
     token_dir,
     token_file,
 )
+from servekeeper.providers.environments import environments_of
 from servekeeper.providers.gcs_storage import GcsStorage, head_flags, node_env
+from servekeeper.providers.host_environments import HostEnvironments
 from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
 from servekeeper.providers.pool_liveness import look
 from servekeeper.providers.pool_moves import MOVED_FIELDS, place_move, stop_left_behind
@@ -88,8 +90,10 @@ class PoolProvider:
         state_dir: Path,
         ssh_nodes: Callable[[Sequence[HostSpec]], SshNodes] = SshNodes,
         gcs_storage: GcsStorage | None = None,
+        host_environments: HostEnvironments | None = None,
     ) -> None:
         self.store = store
+        self.host_environments = host_environments or HostEnvironments(environments_of(state_dir))
         self._ssh_nodes = ssh_nodes  # tests give a fake of the SSH side
         self.gcs_storage = gcs_storage or GcsStorage(state_dir)
         self.token_dir = token_dir(state_dir)
@@ -252,6 +256,7 @@ class PoolProvider:
         nodes = list(cluster.nodes)
         head_starts = nodes[0].pid is None
         storage = await self.gcs_storage.target(config, nodes[0].address, cluster.name) if head_starts else None
+        own_pythons = await self.host_environments.pythons_on(ssh, [n.host for n in nodes if n.pid is None], config)
 
         async def launch(cluster: ClusterRecord, index: int, argv: list[str], token_path: str) -> ClusterRecord:
             node = nodes[index]
@@ -277,6 +282,7 @@ class PoolProvider:
                 )
             token_path = await ssh.install_token(node.host, cluster.name, token)
             host = ssh.host(node.host)
+            host = replace(host, python=own_pythons.get(node.host, host.python))  # its `ray start`'s
             resources = group_args(groups[index])
             if index == 0:
                 await self.gcs_storage.before_restart(ssh, node, config, storage, cluster.name)

@@ -23,6 +23,7 @@ import secrets
 import shlex
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import asyncssh
@@ -111,6 +112,14 @@ class RemoteResult:
     exit_status: int | None
     stdout: str
     stderr: str
+
+
+@dataclass(frozen=True)
+class Copied:
+    """What a copy to a host sent: the files it lacked (or held with another hash)."""
+
+    files: int
+    bytes: int
 
 
 @dataclass(frozen=True)
@@ -289,13 +298,30 @@ class HostConnection:
         never readable by others, not even for a moment). Written under a new name, then renamed
         over `path` (atomic): a process that reads `path` meanwhile (a node of the same cluster
         on that host reading its token) finds the old file or the new one, never an empty one."""
+
+        async def write(sftp: asyncssh.SFTPClient, temporary: str) -> None:
+            async with sftp.open(temporary, "xb", asyncssh.SFTPAttrs(permissions=mode)) as remote:
+                await remote.write(data)
+
+        await self._sftp_write(path, mode, write)
+
+    async def put_file(self, local: Path, path: str, mode: int = 0o644) -> None:
+        """Copy the local file `local` to `path` over SFTP, atomically as `write_file` does."""
+
+        async def put(sftp: asyncssh.SFTPClient, temporary: str) -> None:
+            await sftp.put(str(local), temporary)
+
+        await self._sftp_write(path, mode, put)
+
+    async def _sftp_write(
+        self, path: str, mode: int, write: Callable[[asyncssh.SFTPClient, str], Awaitable[None]]
+    ) -> None:
         connection = await self._connect()
         temporary = f"{path}.{secrets.token_hex(4)}.tmp"
         try:
             async with self._channels, connection.start_sftp_client() as sftp:
                 try:
-                    async with sftp.open(temporary, "xb", asyncssh.SFTPAttrs(permissions=mode)) as remote:
-                        await remote.write(data)
+                    await write(sftp, temporary)
                     await sftp.chmod(temporary, mode)  # exactly `mode`, whatever the host's umask
                     await sftp.posix_rename(temporary, path)
                 except BaseException:  # a cancel too: no temporary left behind

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Collection, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +32,7 @@ from servekeeper.providers.node_argv import RemoteNode, cluster_dir
 from servekeeper.providers.node_log import TAIL_BYTES, last_lines
 from servekeeper.providers.ports import PORT_HIGH, PORT_LOW, WORKER_PORTS_PER_NODE, wait_for_port
 from servekeeper.providers.remote import node_agent_source
-from servekeeper.providers.ssh import HostConnection, HostUnreachable, SshError, with_retries
+from servekeeper.providers.ssh import Copied, HostConnection, HostUnreachable, SshError, with_retries
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +169,25 @@ class SshNodes:
         connection = self.connection(host)
         await with_retries(lambda: connection.write_file(path, token.encode(), mode=0o600))
         return path
+
+    async def make_dirs(self, host: str, directories: Sequence[str]) -> None:
+        """Make `directories` on `host` (0700, each component checked), if missing."""
+        await self._call(host, "prepare", {"dirs": list(directories)})
+
+    async def interpreters(self, host: str) -> dict[str, str]:
+        """The host's Python interpreters by minor version ("3.11" -> its path there)."""
+        answer = await self._call(host, "interpreters", {}, quick=True)
+        return {str(minor): str(path) for minor, path in answer["interpreters"].items()}
+
+    async def sync_files(self, host: str, directory: str, files: Mapping[str, tuple[Path, str]], mode: int) -> Copied:
+        """Copy to `directory` on `host` the `files` (name -> local path, sha256) it lacks or
+        holds with another hash; what was copied."""
+        held = (await self._call(host, "hashes", {"dir": directory}))["files"]
+        missing = [name for name, (_, sha) in files.items() if held.get(name) != sha]
+        connection = self.connection(host)
+        for name in missing:
+            await with_retries(partial(connection.put_file, files[name][0], f"{directory}/{name}", mode))
+        return Copied(len(missing), sum(files[name][0].stat().st_size for name in missing))
 
     async def gcs_answers(self, host: str, port: int, timeout: float) -> bool:
         """Does the head's GCS on `host` accept connections (within `timeout`)? Straight from the

@@ -2,7 +2,7 @@
 
 servekeeper sends this file as text and runs it with the host's python (`python -c <source>
 COMMAND`): the request is JSON on stdin, the answer one JSON line on stdout. Commands: prepare,
-launch, alive, tail, stop, forget, ports, free. It must run on a bare host Python (3.10 or newer)
+launch, alive, tail, stop, forget, ports, free, hashes, interpreters. It must run on a bare host Python (3.10 or newer)
 with the standard library only, and it reads Linux's /proc itself: no psutil, no servekeeper.
 
 A node is found again by its session (the `ray start` launched here leads one of its own) and
@@ -11,6 +11,7 @@ by its tag: every process of a node inherits `SERVEKEEPER_NODE=<temp dir>` in it
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -285,6 +286,38 @@ def free_ports(request: Request) -> Answer:
     return {"free": [port for port in request["candidates"] if free(port)]}
 
 
+def hashes(request: Request) -> Answer:
+    """The files of `dir` (made 0700 if missing) and their sha256: what the host already has of
+    an environment's wheels. Partial copies (`*.tmp`) are left out."""
+    directory = request["dir"]
+    private_dir(directory)
+    found = {}
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name.endswith(".tmp") or not os.path.isfile(path):
+            continue
+        digest = hashlib.sha256()
+        with open(path, "rb") as file:
+            for chunk in iter(lambda: file.read(1 << 20), b""):
+                digest.update(chunk)
+        found[name] = digest.hexdigest()
+    return {"files": found}
+
+
+def interpreters(request: Request) -> Answer:
+    """The host's Python interpreters by minor version ("3.11" -> path): the one this runs on
+    (the pool's `python`), then `python3.N` beside it and on PATH, the first found of each."""
+    found = {f"{sys.version_info[0]}.{sys.version_info[1]}": sys.executable}
+    directories = [os.path.dirname(sys.executable), *os.environ.get("PATH", "").split(os.pathsep)]
+    for directory in [d for d in directories if d and os.path.isdir(d)]:
+        for name in sorted(os.listdir(directory)):
+            minor = name[len("python") :] if name.startswith("python3.") else ""
+            path = os.path.join(directory, name)
+            if minor.replace(".", "").isdigit() and minor.count(".") == 1 and os.access(path, os.X_OK):
+                found.setdefault(minor, path)
+    return {"interpreters": found}
+
+
 COMMANDS: dict[str, Callable[[Request], Answer]] = {
     "prepare": prepare,
     "launch": launch,
@@ -295,6 +328,8 @@ COMMANDS: dict[str, Callable[[Request], Answer]] = {
     "forget": forget,
     "ports": ports,
     "free": free_ports,
+    "hashes": hashes,
+    "interpreters": interpreters,
 }
 
 

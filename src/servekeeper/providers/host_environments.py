@@ -1,0 +1,173 @@
+"""A pool cluster's own environment on its hosts (issue 21): hosts need a Python interpreter and
+sshd, no package index. The controller downloads the lock's wheels once (pip, for the host's
+Python), copies to each host over SFTP those it lacks (compared by sha256) together with uv's
+binary, and uv installs them there offline into `<workDir>/environments/<key>`; a marker written
+last tells a finished environment from a cut one. Hosts share the controller's platform (the
+wheels are picked for it)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import uv
+
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.providers.environments import (
+    ANSWER_TAIL,
+    READY_MARK,
+    Environment,
+    EnvironmentFailed,
+    EnvironmentRequest,
+    Environments,
+)
+from servekeeper.providers.ssh import CommandFailed
+from servekeeper.providers.ssh_nodes import SshNodes
+
+logger = logging.getLogger(__name__)
+
+WHEELHOUSES = "wheels"  # under the controller's environments root, one folder per environment
+MANIFEST = "manifest.json"  # a wheelhouse's files and their sha256, written last
+HOST_WHEELS = "wheels"  # under a host's workDir: every environment's wheels, shared
+HOST_TOOLS = "tools"  # under a host's workDir: uv's binary
+HOST_ENVIRONMENTS = "environments"  # under a host's workDir
+INSTALL_TIMEOUT_SECONDS = 900.0
+
+# (argv, extra environment) -> (exit code, output): a local command (pip download) or a stand-in
+Command = Callable[[Sequence[str], dict[str, str]], Awaitable[tuple[int, str]]]
+
+
+async def run_local(argv: Sequence[str], extra_env: dict[str, str]) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env={**os.environ, **extra_env}
+    )
+    output, _ = await process.communicate()
+    return process.returncode or 0, output.decode(errors="replace")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class HostEnvironments:
+    """The environments of pool clusters, on their hosts: made ready once per (host, environment)."""
+
+    def __init__(self, environments: Environments, download: Command = run_local, uv_binary: str | None = None) -> None:
+        self.environments = environments
+        self.download = download
+        self.uv_binary = Path(uv_binary or uv.find_uv_bin())
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._ready: set[tuple[str, str, str]] = set()  # (host, its workDir, environment key)
+
+    async def pythons_on(self, ssh: SshNodes, hosts: Sequence[str], config: RayClusterConfigSpec) -> dict[str, str]:
+        """Host -> the interpreter of the cluster's own environment there, for the `hosts` its
+        nodes are about to start on; empty for a cluster on the hosts' own Ray and Python."""
+        found = {}
+        for host in dict.fromkeys(hosts):
+            python = await self.python_on(ssh, host, config)
+            if python is not None:
+                found[host] = python
+        return found
+
+    async def python_on(self, ssh: SshNodes, host: str, config: RayClusterConfigSpec) -> str | None:
+        """The interpreter of the cluster's own environment on `host`, made ready first; None
+        for a cluster on the hosts' own Ray and Python."""
+        request = EnvironmentRequest.of(config)
+        if request is None:
+            return None
+        environment = self.environments.lookup(config)
+        assert environment is not None
+        spec = ssh.host(host)
+        directory = f"{spec.workDir.rstrip('/')}/{HOST_ENVIRONMENTS}/{environment.key}"
+        key = (host, spec.workDir, environment.key)
+        async with self._locks.setdefault(f"{host} {environment.key}", asyncio.Lock()):
+            if key not in self._ready and not await self._marked(ssh, host, directory):
+                await self._install(ssh, host, directory, environment, request)
+            self._ready.add(key)
+        return f"{directory}/bin/python"
+
+    async def _marked(self, ssh: SshNodes, host: str, directory: str) -> bool:
+        answer = await ssh.connection(host).run(["test", "-e", f"{directory}/{READY_MARK}"], check=False, quick=True)
+        return answer.exit_status == 0
+
+    async def _install(
+        self, ssh: SshNodes, host: str, directory: str, environment: Environment, request: EnvironmentRequest
+    ) -> None:
+        started = time.monotonic()
+        work_dir = ssh.host(host).workDir.rstrip("/")
+        interpreter = await self._interpreter(ssh, host, request)
+        wheelhouse = await self.wheelhouse(environment, request)
+        wheels = {name: (wheelhouse / name, sha) for name, sha in _manifest(wheelhouse).items()}
+        uv_name = f"uv-{sha256_of(self.uv_binary)[:12]}"
+        copied = await ssh.sync_files(host, f"{work_dir}/{HOST_WHEELS}", wheels, 0o644)
+        tool = {uv_name: (self.uv_binary, sha256_of(self.uv_binary))}
+        copied_tool = await ssh.sync_files(host, f"{work_dir}/{HOST_TOOLS}", tool, 0o755)
+        await ssh.make_dirs(host, [f"{work_dir}/{HOST_ENVIRONMENTS}"])
+        lock = f"{directory}.txt"
+        await ssh.connection(host).write_file(lock, self.environments.lock_of(request).read_bytes(), 0o644)
+        uv_path = f"{work_dir}/{HOST_TOOLS}/{uv_name}"
+        settings = [f"UV_CACHE_DIR={work_dir}/uv-cache", "UV_PYTHON_DOWNLOADS=never", "UV_NO_CONFIG=1"]
+        venv = [uv_path, "venv", "--clear", "--quiet", "--python", interpreter, directory]
+        sync = [uv_path, "pip", "sync", "--offline", "--no-index", "--find-links", f"{work_dir}/{HOST_WHEELS}"]
+        for argv in (venv, [*sync, "--quiet", "--python", f"{directory}/bin/python", lock]):
+            try:
+                await ssh.connection(host).run(["env", *settings, *argv], timeout=INSTALL_TIMEOUT_SECONDS)
+            except CommandFailed as exc:
+                raise EnvironmentFailed(f"{request.describe()} on host {host}: uv {argv[1]} failed: {exc}") from exc
+        marker = json.dumps({"python": request.python, "ray": request.ray}).encode()
+        await ssh.connection(host).write_file(f"{directory}/{READY_MARK}", marker, 0o644)
+        logger.info(
+            "host %s: environment %s (%s) ready in %.1fs; copied %d files (%.0f MB), %d already there",
+            host,
+            environment.key,
+            request.describe(),
+            time.monotonic() - started,
+            copied.files + copied_tool.files,
+            (copied.bytes + copied_tool.bytes) / 1e6,
+            len(wheels) + 1 - copied.files - copied_tool.files,
+        )
+
+    async def _interpreter(self, ssh: SshNodes, host: str, request: EnvironmentRequest) -> str:
+        interpreters = await ssh.interpreters(host)
+        if request.python not in interpreters:
+            have = ", ".join(sorted(interpreters)) or "none"
+            raise EnvironmentFailed(f"host {host} has no Python {request.python} (it has {have})")
+        return interpreters[request.python]
+
+    async def wheelhouse(self, environment: Environment, request: EnvironmentRequest) -> Path:
+        """The environment's wheels on this machine, downloaded once (for the request's Python,
+        binary wheels only: the hosts build nothing)."""
+        folder = self.environments.root / WHEELHOUSES / environment.key
+        async with self._locks.setdefault(f"wheelhouse {environment.key}", asyncio.Lock()):
+            if (folder / MANIFEST).exists():
+                return folder
+            partial = folder.with_name(f"{folder.name}.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            lock = self.environments.lock_of(request)
+            argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
+            argv += ["--python-version", request.python, "-r", str(lock), "-d", str(partial)]
+            code, output = await self.download(argv, {})
+            if code != 0:
+                raise EnvironmentFailed(f"{request.describe()}: pip download failed: {output[-ANSWER_TAIL:].strip()}")
+            manifest = {path.name: sha256_of(path) for path in sorted(partial.iterdir())}
+            (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            shutil.rmtree(folder, ignore_errors=True)
+            partial.rename(folder)
+            return folder
+
+
+def _manifest(wheelhouse: Path) -> dict[str, str]:
+    return dict(json.loads((wheelhouse / MANIFEST).read_text()))
