@@ -76,10 +76,17 @@ def list_hosts(
         common.console.print(line, markup=False)
 
 
+def _interpreters(host: HostCheckView) -> str:
+    found = host.get("interpreters") or {}
+    return f"; interpreters {', '.join(sorted(found, key=lambda m: [int(p) for p in m.split('.')]))}" if found else ""
+
+
 @hosts_app.command()
 def check(pool: str, state_dir: StateDir = None) -> None:
     """Connect to each host of POOL; exit 1 if any is unreachable, refused (host key), or runs
-    another Ray or Python than the controller (Ray needs one version on every node)."""
+    another Ray or Python than the controller (Ray needs one version on every node). Each host's
+    Python interpreters are listed: a cluster with its own rayVersion/pythonVersion needs only
+    the interpreter on a host (its environment is copied there), not the controller's Ray."""
     with common.shown_errors(), Client(state_dir) as client:
         answer = client.check_hosts(pool)
     controller = answer["controller"]
@@ -88,10 +95,10 @@ def check(pool: str, state_dir: StateDir = None) -> None:
         ray, python = _versions(host)
         if host["ok"]:
             line = f"ok      {host['name']} ({host['address']}): Ray {ray}, Python {python}"
-            common.console.print(line, markup=False)
+            common.console.print(line + _interpreters(host), markup=False)
         else:
             line = f"{host['state']:<7} {host['name']} ({host['address']}): {host['problem']}"
-            common.errors.print(line, markup=False)
+            common.errors.print(line + _interpreters(host), markup=False)
     if not answer["ok"]:
         bad = [host["name"] for host in answer["hosts"] if not host["ok"]]
         common.errors.print(f"hostpool/{pool}: {len(bad)} of {len(answer['hosts'])} hosts refused: {', '.join(bad)}")

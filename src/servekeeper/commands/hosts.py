@@ -42,7 +42,15 @@ async def check_one(host: HostSpec, controller: Versions, used: Usage | None = N
         return host_check_view(host, used, state=state, problem=str(exc))
     problem = version_mismatch(host.name, versions, controller)
     state = "mismatch" if problem else "ok"
-    return host_check_view(host, used, state=state, problem=problem, python=versions.python, ray=versions.ray)
+    return host_check_view(
+        host,
+        used,
+        state=state,
+        problem=problem,
+        python=versions.python,
+        ray=versions.ray,
+        interpreters=versions.interpreters,
+    )
 
 
 def hosts_in_use(store: Store, pool: str) -> dict[str, set[str]]:

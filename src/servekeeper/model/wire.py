@@ -266,6 +266,7 @@ class HostCheckView(TypedDict):
     used: list[HostUseView]
     ray: str | None
     pythonPath: str
+    interpreters: dict[str, str]  # minor version -> path: for clusters with their own pythonVersion
     state: str  # ok | mismatch | refused | unreachable | error
     reachable: bool
     ok: bool

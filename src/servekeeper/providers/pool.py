@@ -282,7 +282,7 @@ class PoolProvider:
                 )
             token_path = await ssh.install_token(node.host, cluster.name, token)
             host = ssh.host(node.host)
-            host = replace(host, python=own_pythons.get(node.host, host.python))  # its `ray start`'s
+            host = host.model_copy(update={"python": own_pythons.get(node.host, host.python)})  # its `ray start`'s
             resources = group_args(groups[index])
             if index == 0:
                 await self.gcs_storage.before_restart(ssh, node, config, storage, cluster.name)

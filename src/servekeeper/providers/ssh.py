@@ -22,13 +22,14 @@ import random
 import secrets
 import shlex
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import asyncssh
 
 from servekeeper.model.hostpool import HostSpec
+from servekeeper.providers.remote import node_agent_source
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,8 @@ class Copied:
 class Versions:
     python: str
     ray: str | None
+    # minor version -> path: what a cluster with its own environment (pythonVersion) may use
+    interpreters: dict[str, str] = field(default_factory=dict)
 
 
 def controller_versions() -> Versions:
@@ -347,7 +350,9 @@ class HostConnection:
         output = await self.run_python(VERSIONS_SCRIPT)
         try:
             answer = json.loads(output.strip().splitlines()[-1])
-            return Versions(python=str(answer["python"]), ray=answer["ray"])
+            found = await self.run([self.host.python, "-c", node_agent_source(), "interpreters"], input="{}")
+            interpreters = json.loads(found.stdout.strip().splitlines()[-1])["interpreters"]
+            return Versions(python=str(answer["python"]), ray=answer["ray"], interpreters=dict(interpreters))
         except (ValueError, KeyError, IndexError) as exc:
             raise CommandFailed(self.where, [self.host.python], 0, f"unexpected version output {output!r}") from exc
 

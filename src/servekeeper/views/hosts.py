@@ -64,6 +64,7 @@ def host_check_view(
     problem: str | None,
     python: str | None = None,
     ray: str | None = None,
+    interpreters: dict[str, str] | None = None,
 ) -> HostCheckView:
     """state: ok | mismatch (versions differ) | refused (host key or login refused) |
     unreachable (no answer; may pass later) | error (the version command failed)."""
@@ -78,6 +79,7 @@ def host_check_view(
         "used": view["used"],
         "ray": ray,
         "pythonPath": host.python,
+        "interpreters": interpreters or {},
         "state": state,
         "reachable": state not in ("unreachable", "refused", "error"),
         "ok": state == "ok",
