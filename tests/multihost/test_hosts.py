@@ -68,6 +68,8 @@ def test_apply_lists_and_checks_the_fleet(daemon: Servekeeper, fleet: Fleet) -> 
     checked = daemon.cli("hosts", "check", "fleet", check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "hostpool/fleet: all 3 hosts match the controller" in checked.stdout
+    own = f"{sys.version_info[0]}.{sys.version_info[1]}"  # the hosts' python is this run's
+    assert checked.stdout.count("; interpreters ") == 3 and own in checked.stdout.split("; interpreters ")[1]
 
 
 def test_a_host_with_another_ray_is_refused_by_name(daemon: Servekeeper, fleet: Fleet, tmp_path: Path) -> None:
