@@ -38,9 +38,9 @@ def spec(port: int, mode: str, msg: str, ready_delay: float) -> dict[str, Any]:
     return hello_spec(NAME, port, msg=msg, ready_delay_s=ready_delay, **extra)
 
 
-def switched(sk: Servekeeper) -> bool:
-    """Every request routed to a cluster of the newest generation."""
-    view = sk.api_get(NAME)
+def switched(sk: Servekeeper, name: str = NAME) -> bool:
+    """Every request routed to a cluster of the service's newest generation."""
+    view = sk.api_get(name)
     active = view["activeCluster"]
     return bool(active) and active["generation"] == view["generation"] and view["ingress"]["routedTo"] == active["name"]
 

@@ -34,6 +34,7 @@ from servekeeper.client.common import LOCK_FILE_NAME
 from servekeeper.controller.faults import hooks_from_environment
 from servekeeper.controller.loop import Controller
 from servekeeper.controller.metrics import ControllerMetrics, Metrics
+from servekeeper.core.hooks import Hooks
 from servekeeper.dataplane import DataPlane, DataPlaneError
 from servekeeper.model.enums import SwitchGate
 from servekeeper.providers.environments import environments_of
@@ -122,10 +123,7 @@ async def run_daemon(
         await dataplane.start_or_adopt()
         hooks = hooks_from_environment()  # tests and benchmarks only; production gets no-op hooks
         controller_metrics = ControllerMetrics()
-        # Built once: each cluster goes to this machine's provider or its host pool's.
-        environments = environments_of(state_dir)
-        pool = PoolProvider(store, state_dir, host_environments=HostEnvironments(environments))
-        provider = ProviderRouter(LocalProvider(hooks, environments), pool)
+        provider = _providers(store, state_dir, hooks)
         controller = Controller(
             store, provider, dataplane, session, state_dir, gate=gate, hooks=hooks, metrics=controller_metrics
         )
@@ -163,6 +161,14 @@ async def run_daemon(
                 await asyncio.to_thread(RedisServer(redis_dir(state_dir)).stop)
             store.close()
             lock.close()
+
+
+def _providers(store: Store, state_dir: Path, hooks: Hooks) -> ProviderRouter:
+    """Built once: each cluster goes to this machine's provider or its host pool's; both find a
+    cluster's own environment under one state dir."""
+    environments = environments_of(state_dir)
+    pool = PoolProvider(store, state_dir, host_environments=HostEnvironments(environments))
+    return ProviderRouter(LocalProvider(hooks, environments), pool)
 
 
 async def _wind_down(stop: asyncio.Event, tasks: tuple[asyncio.Task[None], ...]) -> None:

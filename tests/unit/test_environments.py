@@ -20,6 +20,7 @@ from servekeeper.model.hostpool import HostSpec
 from servekeeper.providers import environments as environments_module
 from servekeeper.providers.environments import (
     READY_MARK,
+    WHEELHOUSES,
     EnvironmentFailed,
     EnvironmentRequest,
     Environments,
@@ -178,6 +179,17 @@ async def test_pruning_deletes_what_no_spec_uses_and_never_what_one_does(tmp_pat
     assert environments.prune([config(rayVersion="2.59.0"), config()]) == [dropped.key]
     assert kept.path.exists() and not dropped.path.exists()
     assert environments.prune([config(rayVersion="2.59.0")]) == []
+
+
+async def test_a_pool_environments_wheels_are_pruned_with_it_and_kept_while_used(tmp_path: Path) -> None:
+    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters, released=unknown_release)
+    kept, _ = await environments.prepare(request_of(rayVersion="2.59.0"))
+    dropped, _ = await environments.prepare(request_of(rayVersion="2.58.0"))
+    wheels = tmp_path / WHEELHOUSES
+    for name in (kept.key, f"{kept.key}.partial", dropped.key):
+        (wheels / name).mkdir(parents=True)
+    assert sorted(environments.prune([config(rayVersion="2.59.0")])) == sorted([dropped.key, dropped.key])
+    assert sorted(p.name for p in wheels.iterdir()) == [kept.key, f"{kept.key}.partial"], "a download under way stays"
 
 
 def test_locked_set_keeps_pins_alone_in_order() -> None:
@@ -370,7 +382,7 @@ def test_a_release_is_published_when_its_last_file_is_uploaded() -> None:
         {"filename": "ray-2.52.1-cp311-cp311-manylinux2014_x86_64.whl", "upload-time": "2025-12-20T18:00:00Z"},
         {"filename": "ray-2.5.0-cp311-cp311-manylinux2014_x86_64.whl", "upload-time": "2023-06-01T00:00:00Z"},
     ]
-    assert release_time_of(page, "2.52.0") == "2025-11-20T18:00:00.2Z"
-    assert release_time_of(page, "2.5.0") == "2023-06-01T00:00:00Z", "2.5.0 is not 2.52.0's prefix"
+    assert release_time_of(page, "2.52.0") == "2025-11-20T18:01:00Z", "a minute past its last file: uv keeps it"
+    assert release_time_of(page, "2.5.0") == "2023-06-01T00:01:00Z", "2.5.0 is not 2.52.0's prefix"
     assert release_time_of([{"filename": "ray-2.52.0-cp311-none.whl"}], "2.52.0") is None, "no upload times"
     assert release_time_of(page, "2.46.0") is None

@@ -33,6 +33,7 @@ from servekeeper.providers.ray_release import ray_release_time
 ENVIRONMENTS = "environments"  # under the state dir
 READY_MARK = ".servekeeper-ready"
 LOCKS = "locks"
+WHEELHOUSES = "wheels"  # a pool environment's wheels, downloaded once for its hosts
 TRASH = "trash"  # environments taken out of use, deleted beside the ticks
 ANSWER_TAIL = 2000  # characters of uv's message kept in an event
 
@@ -135,8 +136,12 @@ def find_interpreters(search: Iterable[Path] | None = None) -> dict[str, Path]:
 
 
 async def run_uv(argv: Sequence[str], extra_env: dict[str, str]) -> tuple[int, str]:
+    return await run_command([uv.find_uv_bin(), *argv], extra_env)
+
+
+async def run_command(argv: Sequence[str], extra_env: dict[str, str]) -> tuple[int, str]:
+    """Run `argv` here to its end: its exit code and output; cancelled, what it started goes too."""
     process = await asyncio.create_subprocess_exec(
-        uv.find_uv_bin(),
         *argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -274,13 +279,20 @@ class Environments:
             if lock is not None and lock.exists():
                 keep.add(self._named(lock.read_text()).key)
         retired = []
-        for directory in sorted(self.root.iterdir()) if self.root.exists() else []:
-            if directory.is_dir() and directory.name not in keep:
+        wheelhouses = self.root / WHEELHOUSES  # pool environments' wheels, by environment (and `.partial`)
+        for directory in [*self._children(self.root), *self._children(wheelhouses)]:
+            if directory == wheelhouses:
+                continue
+            if directory.is_dir() and directory.name.split(".")[0] not in keep:
                 (directory / READY_MARK).unlink(missing_ok=True)
                 (self.root / TRASH).mkdir(exist_ok=True)
                 directory.rename(self.root / TRASH / f"{directory.name}.{time.time_ns()}")
                 retired.append(directory)
         return retired
+
+    @staticmethod
+    def _children(folder: Path) -> list[Path]:
+        return sorted(folder.iterdir()) if folder.exists() else []
 
     def empty_trash(self) -> None:
         """Delete what `retire_unused` took out of use (hundreds of MB each: in a thread)."""

@@ -11,7 +11,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import shutil
 import sys
 import time
@@ -21,20 +20,23 @@ from pathlib import Path
 import uv
 
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.providers.base import RetryableProviderError
 from servekeeper.providers.environments import (
     ANSWER_TAIL,
     READY_MARK,
+    WHEELHOUSES,
     Environment,
     EnvironmentFailed,
     EnvironmentRequest,
     Environments,
+    run_command,
 )
+from servekeeper.providers.ray_release import configured_index
 from servekeeper.providers.ssh import CommandFailed
 from servekeeper.providers.ssh_nodes import SshNodes
 
 logger = logging.getLogger(__name__)
 
-WHEELHOUSES = "wheels"  # under the controller's environments root, one folder per environment
 MANIFEST = "manifest.json"  # a wheelhouse's files and their sha256, written last
 HOST_WHEELS = "wheels"  # under a host's workDir: every environment's wheels, shared
 HOST_TOOLS = "tools"  # under a host's workDir: uv's binary
@@ -43,14 +45,6 @@ INSTALL_TIMEOUT_SECONDS = 900.0
 
 # (argv, extra environment) -> (exit code, output): a local command (pip download) or a stand-in
 Command = Callable[[Sequence[str], dict[str, str]], Awaitable[tuple[int, str]]]
-
-
-async def run_local(argv: Sequence[str], extra_env: dict[str, str]) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env={**os.environ, **extra_env}
-    )
-    output, _ = await process.communicate()
-    return process.returncode or 0, output.decode(errors="replace")
 
 
 def sha256_of(path: Path) -> str:
@@ -64,12 +58,13 @@ def sha256_of(path: Path) -> str:
 class HostEnvironments:
     """The environments of pool clusters, on their hosts: made ready once per (host, environment)."""
 
-    def __init__(self, environments: Environments, download: Command = run_local, uv_binary: str | None = None) -> None:
+    def __init__(
+        self, environments: Environments, download: Command = run_command, uv_binary: str | None = None
+    ) -> None:
         self.environments = environments
         self.download = download
         self.uv_binary = Path(uv_binary or uv.find_uv_bin())
         self._locks: dict[str, asyncio.Lock] = {}
-        self._ready: set[tuple[str, str, str]] = set()  # (host, its workDir, environment key)
 
     async def pythons_on(self, ssh: SshNodes, hosts: Sequence[str], config: RayClusterConfigSpec) -> dict[str, str]:
         """Host -> the interpreter of the cluster's own environment there, for the `hosts` its
@@ -91,11 +86,11 @@ class HostEnvironments:
         assert environment is not None
         spec = ssh.host(host)
         directory = f"{spec.workDir.rstrip('/')}/{HOST_ENVIRONMENTS}/{environment.key}"
-        key = (host, spec.workDir, environment.key)
+        # The marker is looked at every time (one quick command): a host rebooted with its
+        # workDir under /tmp has lost the environment, and gets it again.
         async with self._locks.setdefault(f"{host} {environment.key}", asyncio.Lock()):
-            if key not in self._ready and not await self._marked(ssh, host, directory):
+            if not await self._marked(ssh, host, directory):
                 await self._install(ssh, host, directory, environment, request)
-            self._ready.add(key)
         return f"{directory}/bin/python"
 
     async def _marked(self, ssh: SshNodes, host: str, directory: str) -> bool:
@@ -125,6 +120,10 @@ class HostEnvironments:
             try:
                 await ssh.connection(host).run(["env", *settings, *argv], timeout=INSTALL_TIMEOUT_SECONDS)
             except CommandFailed as exc:
+                if exc.exit_status is None:  # killed (a signal, the host's OOM killer): not uv's answer
+                    raise RetryableProviderError(
+                        f"{request.describe()} on host {host}: uv {argv[1]} was killed"
+                    ) from exc
                 raise EnvironmentFailed(f"{request.describe()} on host {host}: uv {argv[1]} failed: {exc}") from exc
         marker = json.dumps({"python": request.python, "ray": request.ray}).encode()
         await ssh.connection(host).write_file(f"{directory}/{READY_MARK}", marker, 0o644)
@@ -158,7 +157,7 @@ class HostEnvironments:
             partial.mkdir(parents=True)
             lock = self.environments.lock_of(request)
             argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
-            argv += ["--python-version", request.python, "-r", str(lock), "-d", str(partial)]
+            argv += ["--python-version", request.python, "-r", str(lock), "-d", str(partial), *configured_index()]
             code, output = await self.download(argv, {})
             if code != 0:
                 raise EnvironmentFailed(f"{request.describe()}: pip download failed: {output[-ANSWER_TAIL:].strip()}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -27,6 +28,8 @@ from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.base import PermanentProviderError, ProviderError, RetryableProviderError
 from servekeeper.providers.node_argv import gcs_storage_dir
 from servekeeper.providers.ray_start import node_port_args, param_args, resource_args
+
+logger = logging.getLogger(__name__)
 
 LOCAL_HOST = "localhost"  # the host name of every node of a cluster on this machine
 NODE_TAG_ENV = "SERVEKEEPER_NODE_LOG"
@@ -201,7 +204,7 @@ async def wait_for_raylet_sockets(pid: int, timeout: float) -> bool:
     the head's GCS opened, 2.3 s before the head's sockets were bound)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and _running(pid):
-        paths = raylet_socket_paths(pid)
+        paths = await asyncio.to_thread(raylet_socket_paths, pid)  # a /proc scan: off the loop
         if paths is not None and all(Path(path).exists() for path in paths):
             return True
         await asyncio.sleep(_SOCKET_POLL_SECONDS)
@@ -210,10 +213,14 @@ async def wait_for_raylet_sockets(pid: int, timeout: float) -> bool:
 
 async def wait_for_earlier_raylets(earlier: list[NodePlacement]) -> None:
     """A node starts only once the nodes before it bound their sockets (their names are taken
-    then); a node that is gone, or never binds, is not waited for past the bound."""
+    then); one bound for them all: a node that never shows its sockets (gone, or not a `ray
+    start` we can read) delays the next by RAYLET_SOCKET_WAIT_SECONDS at most, once."""
+    deadline = time.monotonic() + RAYLET_SOCKET_WAIT_SECONDS
     for node in earlier:
-        if node.pid is not None and not node.stopped:
-            await wait_for_raylet_sockets(node.pid, RAYLET_SOCKET_WAIT_SECONDS)
+        if node.pid is None or node.stopped:
+            continue
+        if not await wait_for_raylet_sockets(node.pid, max(0.0, deadline - time.monotonic())):
+            logger.warning("node pid %d showed no bound raylet sockets: starting the next node anyway", node.pid)
 
 
 def _running(pid: int) -> bool:

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import datetime, timedelta
 
 import httpx
+
+from servekeeper.providers.base import RetryableProviderError
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +28,12 @@ def index_url() -> str:
     return DEFAULT_INDEX
 
 
+def configured_index() -> list[str]:
+    """pip's `--index-url` for the index uv was told to use (none told: pip's own settings)."""
+    told = [os.environ[name] for name in ("UV_DEFAULT_INDEX", "UV_INDEX_URL") if os.environ.get(name)]
+    return ["--index-url", told[0]] if told else []
+
+
 def release_time_of(files: list[dict[str, object]], version: str) -> str | None:
     """The last upload time of the release's files (all its wheels are out then), from a PEP 691
     project page; None when the index gives no upload times or has no file of the release."""
@@ -34,22 +43,33 @@ def release_time_of(files: list[dict[str, object]], version: str) -> str | None:
         for entry in files
         if str(entry.get("filename", "")).startswith(prefixes) and entry.get("upload-time")
     ]
-    return max(times) if times else None
+    if not times:
+        return None
+    # uv keeps only files uploaded before the cutoff: a minute past the last, so it is in
+    last = datetime.fromisoformat(max(times).replace("Z", "+00:00")) + timedelta(minutes=1)
+    return last.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def ray_release_time(version: str) -> str | None:
-    """When Ray `version` was published (RFC 3339, as uv's --exclude-newer takes it), or None
-    when the index cannot say: the environment is then resolved against today's packages."""
+    """A minute after Ray `version` was published (RFC 3339, as uv's --exclude-newer takes it),
+    or None when the index gives no upload times (a page that is not PEP 691 JSON, or without
+    PEP 700's times): the environment is then resolved against today's packages. An index that
+    does not answer raises RetryableProviderError: a lock written then would be kept for good."""
     url = f"{index_url()}/ray/"
+    shown = httpx.URL(url).copy_with(username=None, password=None)  # an index URL may carry a token
     try:
         async with httpx.AsyncClient(timeout=INDEX_TIMEOUT_SECONDS, follow_redirects=True) as client:
             answer = await client.get(url, headers={"Accept": SIMPLE_JSON})
             answer.raise_for_status()
-            files = answer.json().get("files", [])
-    except (httpx.HTTPError, ValueError) as error:
-        logger.warning("the release time of Ray %s is unknown (%s: %s): resolved as of today", version, url, error)
-        return None
+    except httpx.HTTPError as error:
+        raise RetryableProviderError(
+            f"the index {shown} did not answer for Ray {version}: {type(error).__name__}"
+        ) from None
+    try:
+        files = answer.json().get("files", [])
+    except ValueError:
+        files = []
     released = release_time_of(files, version)
     if released is None:
-        logger.warning("%s gives no upload time of Ray %s: resolved as of today", url, version)
+        logger.warning("%s gives no upload time of Ray %s: resolved as of today", shown, version)
     return released

@@ -310,7 +310,11 @@ def interpreters(request: Request) -> Answer:
     found = {f"{sys.version_info[0]}.{sys.version_info[1]}": sys.executable}
     directories = [os.path.dirname(sys.executable), *os.environ.get("PATH", "").split(os.pathsep)]
     for directory in [d for d in directories if d and os.path.isdir(d)]:
-        for name in sorted(os.listdir(directory)):
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:  # a PATH entry this user cannot read
+            continue
+        for name in names:
             minor = name[len("python") :] if name.startswith("python3.") else ""
             path = os.path.join(directory, name)
             if minor.replace(".", "").isdigit() and minor.count(".") == 1 and os.access(path, os.X_OK):
