@@ -46,7 +46,8 @@ def release_time_of(files: list[dict[str, object]], version: str) -> str | None:
     if not times:
         return None
     # uv keeps only files uploaded before the cutoff: a minute past the last, so it is in
-    last = datetime.fromisoformat(max(times).replace("Z", "+00:00")) + timedelta(minutes=1)
+    # to the second (PEP 700's times are UTC; Python 3.10 parses no fraction or "Z")
+    last = datetime.strptime(max(times)[:19], "%Y-%m-%dT%H:%M:%S") + timedelta(minutes=1)
     return last.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
