@@ -148,7 +148,8 @@ def test_stat_reads_past_a_command_name_with_parentheses_and_spaces(
     wait_for(lambda: node_agent.stat_of(process.pid)[1] == process.pid)
     state, session = node_agent.stat_of(process.pid)
     assert state in {"S", "R"} and session == process.pid
-    assert node_agent.stat_of(str(process.pid)) == node_agent.stat_of(process.pid)
+    by_text = node_agent.stat_of(str(process.pid))  # a pid as text reads the same process
+    assert by_text[0] in {"S", "R"} and by_text[1] == session  # (its state may change between reads)
 
 
 def test_a_process_that_is_gone_reads_as_nothing() -> None:
