@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +34,8 @@ from tests.multihost.test_service_on_fleet import FAILURE_LABELS, tagged_pids
 pytestmark = [pytest.mark.multihost, pytest.mark.ray, pytest.mark.timeout(600)]
 
 NAME = "kept"
+# Serve controller log lines on proxies drained and replicas recovered.
+SERVE_RECOVERY = re.compile(r"[Dd]raining proxy|still recovering|Finished recovering|Recovering")
 CLIENTS = 16
 
 
@@ -162,7 +166,10 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
         )
     head = nodes_of(daemon, cluster)[0]
     restarted_before = daemon.events(NAME).count("HeadRestarted")
-    with Load(f"http://127.0.0.1:{port}/", clients=CLIENTS, timeout=10) as load:
+    # The kill starts from a settled cluster: every proxy healthy in Envoy's eyes (a head killed
+    # while Serve still recovers from the last fault is a second fault, not this test's).
+    wait_until(lambda: all_proxies_healthy(daemon), 60, "every proxy healthy in Envoy")
+    with EnvoyHealth(daemon) as health, Load(f"http://127.0.0.1:{port}/", clients=CLIENTS, timeout=10) as load:
         wait_until(lambda: load.result.ok > 50, 30, "load to start")
         killed_at = time.time()
         for pid in tagged_pids([head["temp_dir"]]):  # raylet, GCS, dashboard, Serve's controller: all
@@ -178,6 +185,7 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
     longest_gap = max((b - a for a, b in zip([killed_at, *oks], oks, strict=False)), default=0.0)
     events = daemon.cli("events", NAME).stdout
     print(timeline(daemon, result, killed_at, head["temp_dir"], bucket=1))
+    print("Envoy's view of the proxies (seconds after the kill):\n" + health.changes(killed_at))
     failed_at = [(round(when - killed_at, 2), label) for when, label in result.timeline if label not in result.bodies]
     print(
         f"failures (seconds after the kill): {failed_at}; head back at {restarted_at - killed_at:.1f}s, "
@@ -209,6 +217,52 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
     assert result.failed <= CLIENTS, result.failures
     assert longest_gap <= 1, f"{longest_gap:.2f}s without an answer"
     assert result.by_method["POST"] > 0
+
+
+def proxy_health(daemon: Servekeeper) -> dict[str, str]:
+    """Each upstream proxy of the service's HTTP cluster in Envoy's eyes ("host:port" -> its
+    health flags), from the first Envoy's admin."""
+    record = json.loads((daemon.state_dir / "dataplane" / "processes.json").read_text())[0]
+    text = httpx.get(f"http://127.0.0.1:{record['admin_port']}/clusters", timeout=2, trust_env=False).text
+    flags = {}
+    for line in text.splitlines():
+        name, *rest = line.split("::")
+        if name.startswith("http-") and len(rest) == 3 and rest[1] == "health_flags":
+            flags[rest[0]] = rest[2]
+    return flags
+
+
+def all_proxies_healthy(daemon: Servekeeper) -> bool:
+    flags = proxy_health(daemon)
+    return bool(flags) and all(value == "healthy" for value in flags.values())
+
+
+class EnvoyHealth:
+    """Envoy's health flags of the proxies, polled every 0.2 s in a thread: when each changed."""
+
+    def __init__(self, daemon: Servekeeper) -> None:
+        self.daemon = daemon
+        self.seen: list[tuple[float, dict[str, str]]] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> EnvoyHealth:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _poll(self) -> None:
+        while not self.stopped.wait(0.2):
+            with contextlib.suppress(httpx.HTTPError, OSError, ValueError, IndexError):
+                flags = proxy_health(self.daemon)
+                if not self.seen or self.seen[-1][1] != flags:
+                    self.seen.append((time.time(), flags))
+
+    def changes(self, since: float) -> str:
+        return "\n".join(f"{when - since:7.1f}s {flags}" for when, flags in self.seen)
 
 
 def wait_ready(daemon: Servekeeper, timeout: float, what: str) -> None:
@@ -266,8 +320,16 @@ def timeline(sk: Servekeeper, result: Any, cut_at: float, head_dir: str, bucket:
             kind = label if label.startswith(FAILURE_LABELS) else "ok"
             counts[kind] = counts.get(kind, 0) + 1
     lines += [f"{start:4d}-{start + bucket}s {counts}" for start, counts in sorted(buckets.items())]
-    logs = Path(head_dir) / "session_latest" / "logs" / "gcs_server.out"
-    if logs.exists():
-        said = [line for line in logs.read_text(errors="replace").splitlines() if "dead" in line.lower()]
+    logs = Path(head_dir) / "session_latest" / "logs"
+    if (logs / "gcs_server.out").exists():
+        said = [
+            line
+            for line in (logs / "gcs_server.out").read_text(errors="replace").splitlines()
+            if "dead" in line.lower()
+        ]
         lines += said[:20]
+    # What Serve's controller did with the proxies while it recovered (a drained proxy answers 503
+    # to Envoy's health check) and how long its replicas took to recover.
+    for log in sorted((logs / "serve").glob("controller_*.log")):
+        lines += [line for line in log.read_text(errors="replace").splitlines() if SERVE_RECOVERY.search(line)][:40]
     return "\n".join(lines)
