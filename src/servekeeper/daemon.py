@@ -320,3 +320,6 @@ def configure_logging(log_format: str = "text") -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    # asyncssh logs every channel it opens at INFO: a pool daemon's watch alone wrote ~130,000
+    # lines in 20 minutes of a CI run, burying the controller's own. Its warnings still show.
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)

@@ -18,6 +18,7 @@ from servekeeper.controller.environments import EnvironmentBuilds, environments_
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import HostSpec
 from servekeeper.providers import environments as environments_module
+from servekeeper.providers.base import RetryableProviderError
 from servekeeper.providers.environments import (
     READY_MARK,
     WHEELHOUSES,
@@ -386,3 +387,28 @@ def test_a_release_is_published_when_its_last_file_is_uploaded() -> None:
     assert release_time_of(page, "2.5.0") == "2023-06-01T00:01:00Z", "2.5.0 is not 2.52.0's prefix"
     assert release_time_of([{"filename": "ray-2.52.0-cp311-none.whl"}], "2.52.0") is None, "no upload times"
     assert release_time_of(page, "2.46.0") is None
+
+
+async def test_a_download_the_index_did_not_answer_is_retried_and_one_without_a_wheel_names_it(tmp_path: Path) -> None:
+    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters, released=unknown_release)
+    spec = config(rayVersion="2.59.0", pythonVersion="3.11", pip=["sdist-only==1.0"], hostPool="fleet")
+    request = EnvironmentRequest.of(spec)
+    assert request is not None
+    await environments.prepare(request)
+    answers = [
+        "WARNING: Retrying (Retry(total=4, connect=None, read=None)) after connection broken by "
+        "'NewConnectionError(...)': /simple/ray/\nERROR: Could not find a version that satisfies the requirement ray",
+        "ERROR: Could not find a version that satisfies the requirement sdist-only==1.0 (from versions: none)\n"
+        "ERROR: No matching distribution found for sdist-only==1.0",
+    ]
+
+    async def download(argv: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
+        return 1, answers.pop(0)
+
+    on_hosts = HostEnvironments(environments, download=download, uv_binary=sys.executable)
+    hosts = FakeHosts({"3.11": "/usr/bin/python3.11"})
+    with pytest.raises(RetryableProviderError, match="the package index did not answer"):
+        await on_hosts.pythons_on(hosts, ["h1"], spec)
+    with pytest.raises(EnvironmentFailed, match=r"no binary wheel .* sdist-only==1.0"):
+        await on_hosts.pythons_on(hosts, ["h1"], spec)
+    assert not hosts.files, "nothing copied"

@@ -20,7 +20,7 @@ from servekeeper.api.app import build_app
 from servekeeper.api.metrics import add_metrics_route, build_metrics_app
 from servekeeper.controller.loop import Controller
 from servekeeper.controller.metrics import ControllerMetrics, Metrics, applied_at, record_applied
-from servekeeper.daemon import JsonLogFormatter
+from servekeeper.daemon import JsonLogFormatter, configure_logging
 from servekeeper.dataplane import BackendStats, DataPlaneError, RouteObservation
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import NodePlacement, NodePorts
@@ -345,3 +345,17 @@ def test_json_log_lines_carry_the_event_fields() -> None:
     assert line["message"] == "[svc] x" and line["level"] == "WARNING"
     fields = (line["service"], line["reason"], line["event_type"], line["event_time"])
     assert fields == ("svc", "RolloutFailed", "Warning", 5.0)
+
+
+def test_asyncssh_logs_only_its_warnings() -> None:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        configure_logging()
+        assert not logging.getLogger("asyncssh").isEnabledFor(logging.INFO)
+        assert logging.getLogger("asyncssh").isEnabledFor(logging.WARNING)
+        assert logging.getLogger("servekeeper.controller").isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        logging.getLogger("asyncssh").setLevel(logging.NOTSET)

@@ -160,12 +160,41 @@ class HostEnvironments:
             argv += ["--python-version", request.python, "-r", str(lock), "-d", str(partial), *configured_index()]
             code, output = await self.download(argv, {})
             if code != 0:
-                raise EnvironmentFailed(f"{request.describe()}: pip download failed: {output[-ANSWER_TAIL:].strip()}")
+                raise download_failure(request.describe(), output)
             manifest = {path.name: sha256_of(path) for path in sorted(partial.iterdir())}
             (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
             shutil.rmtree(folder, ignore_errors=True)
             partial.rename(folder)
             return folder
+
+
+# pip's words for an index it could not reach (it retries 5 times, then says so): a blip, tried
+# again on the next look, unlike a package with no wheel, which no retry mends.
+UNREACHABLE_INDEX = (
+    "Retrying (Retry(",
+    "Could not fetch URL",
+    "NewConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "Temporary failure in name resolution",
+    "Connection reset by peer",
+)
+NO_WHEEL = ("No matching distribution found for", "Could not find a version that satisfies")
+
+
+def download_failure(what: str, output: str) -> Exception:
+    """What a failed `pip download` means: the index did not answer (retryable), or a package
+    has no binary wheel for the hosts (they build nothing: an sdist-only package is refused by
+    name), or pip's own message."""
+    tail = output[-ANSWER_TAIL:].strip()
+    if any(sign in output for sign in UNREACHABLE_INDEX):
+        return RetryableProviderError(f"{what}: the package index did not answer pip download: {tail}")
+    if any(sign in output for sign in NO_WHEEL):
+        return EnvironmentFailed(
+            f"{what}: a package has no binary wheel for the pool's hosts (they install wheels only and "
+            f"build nothing; an sdist-only package cannot be used on a host pool): {tail}"
+        )
+    return EnvironmentFailed(f"{what}: pip download failed: {tail}")
 
 
 def _manifest(wheelhouse: Path) -> dict[str, str]:
