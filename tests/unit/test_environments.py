@@ -412,3 +412,37 @@ async def test_a_download_the_index_did_not_answer_is_retried_and_one_without_a_
     with pytest.raises(EnvironmentFailed, match=r"no binary wheel .* sdist-only==1.0"):
         await on_hosts.pythons_on(hosts, ["h1"], spec)
     assert not hosts.files, "nothing copied"
+
+
+class SlowCopies(FakeHosts):
+    """Copies that take a while: how many hosts copy at once."""
+
+    def __init__(self, interpreters: dict[str, str]) -> None:
+        super().__init__(interpreters)
+        self.copying, self.most = 0, 0
+
+    async def sync_files(self, host: str, directory: str, files: Mapping[str, tuple[Path, str]], mode: int) -> Copied:
+        self.copying += 1
+        self.most = max(self.most, self.copying)
+        await asyncio.sleep(0.05)
+        self.copying -= 1
+        return await super().sync_files(host, directory, files, mode)
+
+
+async def test_the_hosts_of_a_cluster_are_made_ready_at_once_from_one_download(tmp_path: Path) -> None:
+    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters, released=unknown_release)
+    spec = config(rayVersion="2.59.0", pythonVersion="3.11", hostPool="fleet")
+    request = EnvironmentRequest.of(spec)
+    assert request is not None
+    await environments.prepare(request)
+    downloads: list[Sequence[str]] = []
+
+    async def download(argv: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
+        downloads.append(argv)
+        return await fake_download(argv, env)
+
+    hosts = SlowCopies({"3.11": "/usr/bin/python3.11"})
+    on_hosts = HostEnvironments(environments, download=download, uv_binary=sys.executable)
+    pythons = await on_hosts.pythons_on(hosts, ["h1", "h2", "h1"], spec)
+    assert set(pythons) == {"h1", "h2"} and len(downloads) == 1
+    assert hosts.most == 2, "the two hosts copied at the same time"

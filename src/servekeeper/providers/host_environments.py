@@ -68,13 +68,15 @@ class HostEnvironments:
 
     async def pythons_on(self, ssh: SshNodes, hosts: Sequence[str], config: RayClusterConfigSpec) -> dict[str, str]:
         """Host -> the interpreter of the cluster's own environment there, for the `hosts` its
-        nodes are about to start on; empty for a cluster on the hosts' own Ray and Python."""
-        found = {}
-        for host in dict.fromkeys(hosts):
-            python = await self.python_on(ssh, host, config)
-            if python is not None:
-                found[host] = python
-        return found
+        nodes are about to start on; empty for a cluster on the hosts' own Ray and Python.
+        The hosts are made ready at once (the wheels downloaded once, before any copy); every
+        host's work ends before the first failure, in host order, is raised."""
+        unique = list(dict.fromkeys(hosts))
+        answers = await asyncio.gather(*(self.python_on(ssh, host, config) for host in unique), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        return {host: python for host, python in zip(unique, answers, strict=True) if isinstance(python, str)}
 
     async def python_on(self, ssh: SshNodes, host: str, config: RayClusterConfigSpec) -> str | None:
         """The interpreter of the cluster's own environment on `host`, made ready first; None
