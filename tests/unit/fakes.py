@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from servekeeper.core.health import parse_applications
@@ -51,6 +51,7 @@ class FakeProvider:
         self.move_head_error: Exception | None = None
         self.leftovers: dict[str, list[int]] = {}
         self.before_start_head: Callable[[ClusterRecord], None] | None = None
+        self.pruned: list[list[str]] = []  # the keys kept at each prune_environments
         self._pids = itertools.count(4000)
 
     def set_alive(self, cluster: str, alive: bool = True) -> None:
@@ -104,6 +105,9 @@ class FakeProvider:
 
     async def close(self) -> None:
         return None
+
+    async def prune_environments(self, keep: Collection[str]) -> None:
+        self.pruned.append(sorted(keep))
 
     def processes_alive(self, cluster: ClusterRecord) -> bool:
         return cluster.head_pid is not None and self.alive.get(cluster.name, False)

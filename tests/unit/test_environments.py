@@ -230,12 +230,31 @@ class FakeHosts(SshNodes):
         held.update({name: files[name][1] for name in missing})
         return Copied(len(missing), 0)
 
+    def list_or_remove(self, host: str, argv: list[str]) -> RemoteResult:
+        """`ls -1 DIR` (files copied there, folders written under it) or `rm -rf -- PATH...`."""
+        if argv[0] == "ls":
+            folder = argv[-1]
+            names = set(self.files.get(f"{host}:{folder}", {}))
+            names |= {key.split(":", 1)[1][len(folder) + 1 :].split("/")[0] for key in self.written_under(host, folder)}
+            return RemoteResult(0 if names else 2, "\n".join(sorted(names)), "")
+        for path in argv[3:]:
+            folder, _, file = path.rpartition("/")
+            self.files.get(f"{host}:{folder}", {}).pop(file, None)
+            for key in self.written_under(host, path):
+                del self.written[key]
+        return RemoteResult(0, "", "")
+
+    def written_under(self, host: str, folder: str) -> list[str]:
+        return [key for key in self.written if key.startswith(f"{host}:{folder}/") or key == f"{host}:{folder}"]
+
     def connection(self, name: str) -> Any:
         hosts = self
 
         class Connection:
             async def run(self, argv: list[str], **_: Any) -> RemoteResult:
                 hosts.commands.append((name, argv))
+                if argv[0] in ("ls", "rm"):
+                    return hosts.list_or_remove(name, argv)
                 done = argv[0] == "test" and f"{name}:{argv[-1]}" in hosts.written
                 return RemoteResult(0 if argv[0] != "test" or done else 1, "", "")
 
@@ -309,7 +328,12 @@ async def test_a_deleted_clusters_environment_goes_unless_a_kept_revision_uses_i
     environments = Environments(
         tmp_path / "environments", run=FakeUv(), interpreters=interpreters, released=unknown_release
     )
-    builds = EnvironmentBuilds(store, environments, clock=lambda: 0.0)
+    told: list[set[str]] = []
+
+    async def prune_elsewhere(keep: set[str]) -> None:
+        told.append(keep)
+
+    builds = EnvironmentBuilds(store, environments, clock=lambda: 0.0, prune_elsewhere=prune_elsewhere)
     old, _ = await environments.prepare(request_of(rayVersion="2.58.0"))
     kept, _ = await environments.prepare(request_of(rayVersion="2.59.0"))
     gone, _ = await environments.prepare(request_of(rayVersion="2.57.0"))
@@ -318,6 +342,9 @@ async def test_a_deleted_clusters_environment_goes_unless_a_kept_revision_uses_i
         store_spec(store, spec.name, spec.to_json(), None, None, history_limit=10)
     await builds.prune()
     assert old.path.exists() and kept.path.exists() and not gone.path.exists()
+    assert told == [{old.key, kept.key}], "the provider is told the keys that stay, once one went"
+    await builds.prune()
+    assert len(told) == 1, "nothing went: the hosts are left alone"
     assert [config.rayVersion for config in environments_in_use(store)] == ["2.59.0", "2.58.0", "2.59.0"]
 
 
@@ -446,3 +473,37 @@ async def test_the_hosts_of_a_cluster_are_made_ready_at_once_from_one_download(t
     pythons = await on_hosts.pythons_on(hosts, ["h1", "h2", "h1"], spec)
     assert set(pythons) == {"h1", "h2"} and len(downloads) == 1
     assert hosts.most == 2, "the two hosts copied at the same time"
+
+
+async def test_a_host_keeps_only_the_environments_and_wheels_in_use_or_asked_for_lately(tmp_path: Path) -> None:
+    environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters, released=unknown_release)
+    specs = {
+        ray: config(rayVersion=ray, pythonVersion="3.11", hostPool="fleet", pip=[f"only-{ray}"])
+        for ray in ("2.58.0", "2.59.0")
+    }
+    hosts = FakeHosts({"3.11": "/usr/bin/python3.11"})
+    keys = {}
+    for ray, spec in specs.items():
+        request = EnvironmentRequest.of(spec)
+        assert request is not None
+        keys[ray] = (await environments.prepare(request))[0].key
+        await HostEnvironments(environments, download=fake_download, uv_binary=sys.executable).pythons_on(
+            hosts, ["h1", "h2"], spec
+        )
+    wheels = hosts.files["h1:/work/h1/wheels"]
+    assert {"only-2.58.0-1.0-py3-none-any.whl", "only-2.59.0-1.0-py3-none-any.whl"} <= set(wheels)
+
+    fresh = HostEnvironments(environments, download=fake_download, uv_binary=sys.executable)  # nothing asked lately
+    await fresh.prune(hosts, ["h1", "h2"], {keys["2.59.0"]})
+    for name in ("h1", "h2"):
+        left = hosts.list_or_remove(name, ["ls", "-1", f"/work/{name}/environments"]).stdout.split()
+        assert left == [keys["2.59.0"], f"{keys['2.59.0']}.txt"], left
+        wheels = set(hosts.files[f"{name}:/work/{name}/wheels"])
+        assert "only-2.58.0-1.0-py3-none-any.whl" not in wheels and "only-2.59.0-1.0-py3-none-any.whl" in wheels
+        assert "ray-2.59.0-py3-none-any.whl" in wheels
+
+    asked = HostEnvironments(environments, download=fake_download, uv_binary=sys.executable)
+    await asked.pythons_on(hosts, ["h1"], specs["2.58.0"])  # a cluster created after the store was read
+    await asked.prune(hosts, ["h1"], set())
+    left = hosts.list_or_remove("h1", ["ls", "-1", "/work/h1/environments"]).stdout.split()
+    assert keys["2.58.0"] in left and keys["2.59.0"] not in left, left

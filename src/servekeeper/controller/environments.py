@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.records import ClusterRecord, Event
@@ -33,10 +33,18 @@ def environments_in_use(store: Store) -> list[RayClusterConfigSpec]:
 
 
 class EnvironmentBuilds:
-    def __init__(self, store: Store, environments: Environments, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        environments: Environments,
+        clock: Callable[[], float],
+        prune_elsewhere: Callable[[set[str]], Awaitable[None]] | None = None,
+    ) -> None:
         self.store = store
         self.environments = environments
         self.clock = clock
+        # The provider's copies of environments (a pool's hosts), told which keys stay.
+        self.prune_elsewhere = prune_elsewhere
 
     def ready(self, config: RayClusterConfigSpec) -> bool:
         """True when the cluster runs the controller's own environment or its own is built."""
@@ -71,7 +79,8 @@ class EnvironmentBuilds:
         if not self.environments.root.exists() or any(lock.locked() for lock in self.environments.building.values()):
             return  # (no environment was ever built here: the common case costs nothing)
         try:
-            retired = self.environments.retire_unused(environments_in_use(self.store))
+            used = environments_in_use(self.store)
+            retired = self.environments.retire_unused(used)
             if retired:
                 await asyncio.to_thread(self.environments.empty_trash)
         except (OSError, ValueError) as exc:  # a stored spec that no longer reads; the disk
@@ -79,3 +88,5 @@ class EnvironmentBuilds:
             return
         if retired:
             logger.info("environments no cluster or kept revision uses deleted: %s", [d.name for d in retired])
+            if self.prune_elsewhere is not None:  # only when one went out of use: SSH is not free
+                await self.prune_elsewhere(self.environments.keys_in_use(used))

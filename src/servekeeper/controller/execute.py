@@ -72,7 +72,9 @@ class Executor:
         self.background: dict[str, asyncio.Task[None]] = {}  # cluster name -> its start or stop task
         self.start_retries = StartRetries(store, clock)
         self.head_moves = HeadMoves(store, provider, clock)
-        self.environment_builds = EnvironmentBuilds(store, environments_of(state_dir), clock)
+        self.environment_builds = EnvironmentBuilds(
+            store, environments_of(state_dir), clock, prune_elsewhere=provider.prune_environments
+        )
         self.submissions = ConfigSubmissions(store, provider, serve, documents, packages, clock, hooks, metrics)
 
     async def execute(self, action: act.Action, service: ServiceRecord, spec: ServiceSpec, tick: TickOutcome) -> None:

@@ -10,7 +10,7 @@ stopped, for the reason its message gives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
@@ -116,6 +116,11 @@ class ClusterProvider(Protocol):
 
     async def close(self) -> None:
         """Let go of connections; running clusters are left running."""
+        ...
+
+    async def prune_environments(self, keep: Collection[str]) -> None:
+        """Delete the copies of environments (by key) not in `keep` that this provider put
+        elsewhere (a pool's hosts); the controller's own are pruned by the controller."""
         ...
 
 

@@ -272,12 +272,7 @@ class Environments:
         is never taken for a build), then it moves to the trash, where `empty_trash` deletes
         it. Fast (no file contents touched): run between two ticks, no start sees it half gone.
         A lock stays: it is the request's resolution, a few lines."""
-        keep = {LOCKS, TRASH}
-        for config in used:
-            request = EnvironmentRequest.of(config)
-            lock = self.root / LOCKS / f"{request.key()}.txt" if request is not None else None
-            if lock is not None and lock.exists():
-                keep.add(self._named(lock.read_text()).key)
+        keep = {LOCKS, TRASH, *self.keys_in_use(used)}
         retired = []
         wheelhouses = self.root / WHEELHOUSES  # pool environments' wheels, by environment (and `.partial`)
         for directory in [*self._children(self.root), *self._children(wheelhouses)]:
@@ -289,6 +284,16 @@ class Environments:
                 directory.rename(self.root / TRASH / f"{directory.name}.{time.time_ns()}")
                 retired.append(directory)
         return retired
+
+    def keys_in_use(self, used: Iterable[RayClusterConfigSpec]) -> set[str]:
+        """The environments (keys) the specs in `used` resolve to, those resolved so far."""
+        keys = set()
+        for config in used:
+            request = EnvironmentRequest.of(config)
+            lock = self.root / LOCKS / f"{request.key()}.txt" if request is not None else None
+            if lock is not None and lock.exists():
+                keys.add(self._named(lock.read_text()).key)
+        return keys
 
     @staticmethod
     def _children(folder: Path) -> list[Path]:

@@ -8,13 +8,14 @@ wheels are picked for it)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 
 import uv
@@ -42,6 +43,7 @@ HOST_WHEELS = "wheels"  # under a host's workDir: every environment's wheels, sh
 HOST_TOOLS = "tools"  # under a host's workDir: uv's binary
 HOST_ENVIRONMENTS = "environments"  # under a host's workDir
 INSTALL_TIMEOUT_SECONDS = 900.0
+RECENTLY_ASKED_SECONDS = 600.0  # an environment a cluster asked for this recently is never pruned
 
 # (argv, extra environment) -> (exit code, output): a local command (pip download) or a stand-in
 Command = Callable[[Sequence[str], dict[str, str]], Awaitable[tuple[int, str]]]
@@ -65,6 +67,9 @@ class HostEnvironments:
         self.download = download
         self.uv_binary = Path(uv_binary or uv.find_uv_bin())
         self._locks: dict[str, asyncio.Lock] = {}
+        # environment key -> when a cluster last asked for it here: a prune keeps it whatever
+        # the keys it is told (a cluster created after the prune read the store)
+        self._asked: dict[str, float] = {}
 
     async def pythons_on(self, ssh: SshNodes, hosts: Sequence[str], config: RayClusterConfigSpec) -> dict[str, str]:
         """Host -> the interpreter of the cluster's own environment there, for the `hosts` its
@@ -86,6 +91,7 @@ class HostEnvironments:
             return None
         environment = self.environments.lookup(config)
         assert environment is not None
+        self._asked[environment.key] = time.monotonic()
         spec = ssh.host(host)
         directory = f"{spec.workDir.rstrip('/')}/{HOST_ENVIRONMENTS}/{environment.key}"
         # The marker is looked at every time (one quick command): a host rebooted with its
@@ -94,6 +100,40 @@ class HostEnvironments:
             if not await self._marked(ssh, host, directory):
                 await self._install(ssh, host, directory, environment, request)
         return f"{directory}/bin/python"
+
+    async def prune(self, ssh: SshNodes, hosts: Sequence[str], keep: Collection[str]) -> None:
+        """On each of `hosts`, delete the environments whose key is not in `keep` (nor asked for
+        lately) and the wheels no kept environment's wheelhouse lists (a later install copies
+        what it lacks again). A host that does not answer keeps them until the next prune; it
+        never fails one."""
+        answers = await asyncio.gather(
+            *(self._prune_host(ssh, host, set(keep)) for host in hosts), return_exceptions=True
+        )
+        for host, answer in zip(hosts, answers, strict=True):
+            if isinstance(answer, Exception):
+                logger.warning("host %s: unused environments not deleted: %s", host, answer)
+
+    async def _prune_host(self, ssh: SshNodes, host: str, keep: set[str]) -> None:
+        work_dir = ssh.host(host).workDir.rstrip("/")
+        environments = await self._listing(ssh, host, f"{work_dir}/{HOST_ENVIRONMENTS}")
+        wheel_files = await self._listing(ssh, host, f"{work_dir}/{HOST_WHEELS}")
+        # Read after the listings: a cluster that asked for its environment meanwhile keeps it.
+        keep |= {key for key, when in self._asked.items() if time.monotonic() - when < RECENTLY_ASKED_SECONDS}
+        wheels: set[str] = set()
+        for key in keep:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                wheels |= set(_manifest(self.environments.root / WHEELHOUSES / key))
+        stale = [path for path in environments if path.rsplit("/", 1)[1].split(".")[0] not in keep]  # KEY, KEY.txt
+        stale += [path for path in wheel_files if path.rsplit("/", 1)[1] not in wheels]
+        if stale:
+            await ssh.connection(host).run(["rm", "-rf", "--", *stale], timeout=INSTALL_TIMEOUT_SECONDS)
+            logger.info("host %s: deleted %d environments and wheels no cluster uses", host, len(stale))
+
+    @staticmethod
+    async def _listing(ssh: SshNodes, host: str, folder: str) -> list[str]:
+        """The paths in `folder` on `host` (none when it does not exist)."""
+        listing = await ssh.connection(host).run(["ls", "-1", folder], check=False, quick=True)
+        return [f"{folder}/{name}" for name in listing.stdout.split()]
 
     async def _marked(self, ssh: SshNodes, host: str, directory: str) -> bool:
         answer = await ssh.connection(host).run(["test", "-e", f"{directory}/{READY_MARK}"], check=False, quick=True)

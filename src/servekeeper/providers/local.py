@@ -17,7 +17,7 @@ import shutil
 import signal
 import stat
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
@@ -258,6 +258,9 @@ class LocalProvider:
 
     async def close(self) -> None:
         return None
+
+    async def prune_environments(self, keep: Collection[str]) -> None:
+        return None  # its nodes run the controller's own environments, pruned by the controller
 
     def processes_alive(self, cluster: ClusterRecord) -> bool:
         self._reap()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -140,6 +140,10 @@ class PoolProvider:
             task = asyncio.ensure_future(asyncio.gather(*(c.close() for c in connections), return_exceptions=True))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
+
+    async def prune_environments(self, keep: Collection[str]) -> None:
+        for pool in [record.spec() for record in self.store.list_host_pools()]:
+            await self.host_environments.prune(self.ssh(pool.name), [host.name for host in pool.spec.hosts], keep)
 
     async def close(self) -> None:
         for _, nodes in self._nodes.values():

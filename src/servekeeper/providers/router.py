@@ -4,7 +4,7 @@ it holds. Errors pass through unchanged: each provider translated them at its ow
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.endpoint import Endpoint
@@ -60,3 +60,7 @@ class ProviderRouter:
     async def close(self) -> None:
         await self.local.close()
         await self.pool.close()
+
+    async def prune_environments(self, keep: Collection[str]) -> None:
+        await self.local.prune_environments(keep)
+        await self.pool.prune_environments(keep)
