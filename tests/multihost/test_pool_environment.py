@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from servekeeper.providers.host_environments import HOST_TOOLS, HOST_WHEELS
+from servekeeper.providers.host_environments import HOST_ENVIRONMENTS, HOST_TOOLS, HOST_WHEELS
 from servekeeper.testing.harness import HELLO_APP, Servekeeper, free_port, wait_until
 from tests.fleet import Fleet, FleetHost
 from tests.multihost.conftest import apply_yaml
@@ -116,3 +116,11 @@ def test_a_pool_cluster_on_a_ray_the_hosts_lack_comes_up_and_a_second_copies_not
     for name in ("envone", "envtwo"):
         daemon.cli("delete", name)
     wait_until(lambda: not daemon.clusters(), 180, "both clusters stopped")
+    # Nothing uses the environment now: it goes from each host, and so do its wheels.
+    wait_until(lambda: not any(left_on(host) for host in (first, second)), 120, "the environment pruned on the hosts")
+
+
+def left_on(host: FleetHost) -> list[str]:
+    """The environments and wheels on the host."""
+    folders = [Path(host.work_dir) / folder for folder in (HOST_ENVIRONMENTS, HOST_WHEELS)]
+    return [path.name for folder in folders if folder.exists() for path in folder.iterdir()]

@@ -106,7 +106,7 @@ class FakeProvider:
     async def close(self) -> None:
         return None
 
-    async def prune_environments(self, keep: Collection[str]) -> None:
+    async def prune_environments(self, keep: Collection[str], read_at: float) -> None:
         self.pruned.append(sorted(keep))
 
     def processes_alive(self, cluster: ClusterRecord) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -330,7 +331,8 @@ async def test_a_deleted_clusters_environment_goes_unless_a_kept_revision_uses_i
     )
     told: list[set[str]] = []
 
-    async def prune_elsewhere(keep: set[str]) -> None:
+    async def prune_elsewhere(keep: set[str], read_at: float) -> None:
+        assert read_at <= time.monotonic()
         told.append(keep)
 
     builds = EnvironmentBuilds(store, environments, clock=lambda: 0.0, prune_elsewhere=prune_elsewhere)
@@ -475,7 +477,9 @@ async def test_the_hosts_of_a_cluster_are_made_ready_at_once_from_one_download(t
     assert hosts.most == 2, "the two hosts copied at the same time"
 
 
-async def test_a_host_keeps_only_the_environments_and_wheels_in_use_or_asked_for_lately(tmp_path: Path) -> None:
+async def test_a_host_keeps_only_the_environments_and_wheels_in_use_or_asked_for_since_the_store_was_read(
+    tmp_path: Path,
+) -> None:
     environments = Environments(tmp_path, run=FakeUv(), interpreters=interpreters, released=unknown_release)
     specs = {
         ray: config(rayVersion=ray, pythonVersion="3.11", hostPool="fleet", pip=[f"only-{ray}"])
@@ -493,8 +497,8 @@ async def test_a_host_keeps_only_the_environments_and_wheels_in_use_or_asked_for
     wheels = hosts.files["h1:/work/h1/wheels"]
     assert {"only-2.58.0-1.0-py3-none-any.whl", "only-2.59.0-1.0-py3-none-any.whl"} <= set(wheels)
 
-    fresh = HostEnvironments(environments, download=fake_download, uv_binary=sys.executable)  # nothing asked lately
-    await fresh.prune(hosts, ["h1", "h2"], {keys["2.59.0"]})
+    fresh = HostEnvironments(environments, download=fake_download, uv_binary=sys.executable)  # nothing asked since
+    await fresh.prune(hosts, ["h1", "h2"], {keys["2.59.0"]}, time.monotonic())
     for name in ("h1", "h2"):
         left = hosts.list_or_remove(name, ["ls", "-1", f"/work/{name}/environments"]).stdout.split()
         assert left == [keys["2.59.0"], f"{keys['2.59.0']}.txt"], left
@@ -503,7 +507,28 @@ async def test_a_host_keeps_only_the_environments_and_wheels_in_use_or_asked_for
         assert "ray-2.59.0-py3-none-any.whl" in wheels
 
     asked = HostEnvironments(environments, download=fake_download, uv_binary=sys.executable)
+    read_at = time.monotonic()
     await asked.pythons_on(hosts, ["h1"], specs["2.58.0"])  # a cluster created after the store was read
-    await asked.prune(hosts, ["h1"], set())
+    await asked.prune(hosts, ["h1"], set(), read_at)
     left = hosts.list_or_remove("h1", ["ls", "-1", "/work/h1/environments"]).stdout.split()
     assert keys["2.58.0"] in left and keys["2.59.0"] not in left, left
+
+
+async def test_a_ray_release_its_image_constrains_is_resolved_under_that_constraint(tmp_path: Path) -> None:
+    """Ray 2.56.0's Serve fails on protobuf 7 (out before it): both resolves get protobuf<7."""
+
+    async def published(version: str) -> str:
+        return "2026-01-01T00:01:00Z"
+
+    uv_calls = FakeUv()
+    environments = Environments(tmp_path, run=uv_calls, interpreters=interpreters, released=published)
+    await environments.prepare(request_of(rayVersion="2.56.0"))
+    compiles = [call for call in uv_calls.calls if call[:2] == ["pip", "compile"]]
+    assert len(compiles) == 2
+    for call in compiles:
+        assert Path(call[call.index("--constraints") + 1]).read_text() == "protobuf<7\n", call
+    later = FakeUv()
+    await Environments(tmp_path / "b", run=later, interpreters=interpreters, released=published).prepare(
+        request_of(rayVersion="2.57.0")
+    )
+    assert not [call for call in later.calls if "--constraints" in call], "no constraint from 2.57.0 on"

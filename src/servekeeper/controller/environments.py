@@ -38,7 +38,7 @@ class EnvironmentBuilds:
         store: Store,
         environments: Environments,
         clock: Callable[[], float],
-        prune_elsewhere: Callable[[set[str]], Awaitable[None]] | None = None,
+        prune_elsewhere: Callable[[set[str], float], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.environments = environments
@@ -79,7 +79,7 @@ class EnvironmentBuilds:
         if not self.environments.root.exists() or any(lock.locked() for lock in self.environments.building.values()):
             return  # (no environment was ever built here: the common case costs nothing)
         try:
-            used = environments_in_use(self.store)
+            read_at, used = time.monotonic(), environments_in_use(self.store)
             retired = self.environments.retire_unused(used)
             if retired:
                 await asyncio.to_thread(self.environments.empty_trash)
@@ -89,4 +89,4 @@ class EnvironmentBuilds:
         if retired:
             logger.info("environments no cluster or kept revision uses deleted: %s", [d.name for d in retired])
             if self.prune_elsewhere is not None:  # only when one went out of use: SSH is not free
-                await self.prune_elsewhere(self.environments.keys_in_use(used))
+                await self.prune_elsewhere(self.environments.keys_in_use(used), read_at)

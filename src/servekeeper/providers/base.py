@@ -118,9 +118,11 @@ class ClusterProvider(Protocol):
         """Let go of connections; running clusters are left running."""
         ...
 
-    async def prune_environments(self, keep: Collection[str]) -> None:
+    async def prune_environments(self, keep: Collection[str], read_at: float) -> None:
         """Delete the copies of environments (by key) not in `keep` that this provider put
-        elsewhere (a pool's hosts); the controller's own are pruned by the controller."""
+        elsewhere (a pool's hosts); the controller's own are pruned by the controller. `keep`
+        was read from the store at `read_at` (time.monotonic()): an environment a cluster asked
+        for since is kept too."""
         ...
 
 

@@ -25,6 +25,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import uv
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.providers.base import PermanentProviderError
@@ -62,6 +64,15 @@ def own_python() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
+# What Ray's own images hold and its wheel does not say, added to the resolve of the releases
+# they apply to as hard constraints (the user's packages cannot move them).
+RAY_IMAGE_CONSTRAINTS: tuple[tuple[SpecifierSet, str], ...] = (
+    # Serve before 2.57.0 reads FieldDescriptor.label, which protobuf 7 removed: Ray 2.56.0
+    # resolved as of its release day gets protobuf 7.35, and its Serve config API fails.
+    (SpecifierSet("<2.57.0"), "protobuf<7"),
+)
+
+
 @dataclass(frozen=True)
 class EnvironmentRequest:
     python: str  # a minor version, "3.11"
@@ -82,7 +93,15 @@ class EnvironmentRequest:
         )
 
     def key(self) -> str:
-        return _digest(json.dumps([self.python, self.ray, self.packages, self.platform]))
+        described = [self.python, self.ray, self.packages, self.platform]
+        if self.constraints():  # a release constrained since its lock was written is resolved anew
+            described.append(self.constraints())
+        return _digest(json.dumps(described))
+
+    def constraints(self) -> list[str]:
+        """RAY_IMAGE_CONSTRAINTS of this Ray release."""
+        release = Version(self.ray)
+        return [constraint for releases, constraint in RAY_IMAGE_CONSTRAINTS if release in releases]
 
     def ray_requirement(self) -> str:
         # Serve's extra (its proxy, the REST config API) is what a node of a service needs.
@@ -225,15 +244,20 @@ class Environments:
         compiled = lock.with_suffix(".compiled")
         compiled.unlink(missing_ok=True)  # a resolve a crash cut short is not a preference
         released = await self.released(request.ray)
+        constrained: list[str] = []
+        if request.constraints():
+            constraints = lock.with_suffix(".constraints")
+            constraints.write_text("".join(f"{line}\n" for line in request.constraints()))
+            constrained = ["--constraints", str(constraints)]
         if released is not None:
             ray_alone = lock.with_suffix(".ray.in")
             ray_alone.write_text(f"{request.ray_requirement()}\n")
             argv = ["pip", "compile", str(ray_alone), "--python", interpreter, "--quiet", "--exclude-newer", released]
-            await self._uv([*argv, "-o", str(compiled)], request)
+            await self._uv([*argv, *constrained, "-o", str(compiled)], request)
         wanted = lock.with_suffix(".in")
         wanted.write_text("".join(f"{line}\n" for line in request.requirements()))
         # an existing output file's pins are uv's preferences (`--upgrade` is what ignores them)
-        argv = ["pip", "compile", str(wanted), "--python", interpreter, "--quiet", "-o", str(compiled)]
+        argv = ["pip", "compile", str(wanted), "--python", interpreter, "--quiet", *constrained, "-o", str(compiled)]
         await self._uv(argv, request)
         temporary = lock.with_suffix(".tmp")
         temporary.write_text(locked_set(compiled.read_text()))

@@ -43,7 +43,6 @@ HOST_WHEELS = "wheels"  # under a host's workDir: every environment's wheels, sh
 HOST_TOOLS = "tools"  # under a host's workDir: uv's binary
 HOST_ENVIRONMENTS = "environments"  # under a host's workDir
 INSTALL_TIMEOUT_SECONDS = 900.0
-RECENTLY_ASKED_SECONDS = 600.0  # an environment a cluster asked for this recently is never pruned
 
 # (argv, extra environment) -> (exit code, output): a local command (pip download) or a stand-in
 Command = Callable[[Sequence[str], dict[str, str]], Awaitable[tuple[int, str]]]
@@ -67,8 +66,8 @@ class HostEnvironments:
         self.download = download
         self.uv_binary = Path(uv_binary or uv.find_uv_bin())
         self._locks: dict[str, asyncio.Lock] = {}
-        # environment key -> when a cluster last asked for it here: a prune keeps it whatever
-        # the keys it is told (a cluster created after the prune read the store)
+        # environment key -> when (time.monotonic()) a cluster last asked for it here: a prune
+        # keeps one asked for after it read the store, whatever the keys it is told
         self._asked: dict[str, float] = {}
 
     async def pythons_on(self, ssh: SshNodes, hosts: Sequence[str], config: RayClusterConfigSpec) -> dict[str, str]:
@@ -101,24 +100,24 @@ class HostEnvironments:
                 await self._install(ssh, host, directory, environment, request)
         return f"{directory}/bin/python"
 
-    async def prune(self, ssh: SshNodes, hosts: Sequence[str], keep: Collection[str]) -> None:
-        """On each of `hosts`, delete the environments whose key is not in `keep` (nor asked for
-        lately) and the wheels no kept environment's wheelhouse lists (a later install copies
-        what it lacks again). A host that does not answer keeps them until the next prune; it
-        never fails one."""
+    async def prune(self, ssh: SshNodes, hosts: Sequence[str], keep: Collection[str], read_at: float) -> None:
+        """On each of `hosts`, delete the environments whose key is not in `keep` (read from the
+        store at `read_at`) nor asked for since, and the wheels no kept environment's wheelhouse
+        lists (a later install copies what it lacks again). A host that does not answer keeps
+        them until the next prune; it never fails one."""
         answers = await asyncio.gather(
-            *(self._prune_host(ssh, host, set(keep)) for host in hosts), return_exceptions=True
+            *(self._prune_host(ssh, host, set(keep), read_at) for host in hosts), return_exceptions=True
         )
         for host, answer in zip(hosts, answers, strict=True):
             if isinstance(answer, Exception):
                 logger.warning("host %s: unused environments not deleted: %s", host, answer)
 
-    async def _prune_host(self, ssh: SshNodes, host: str, keep: set[str]) -> None:
+    async def _prune_host(self, ssh: SshNodes, host: str, keep: set[str], read_at: float) -> None:
         work_dir = ssh.host(host).workDir.rstrip("/")
         environments = await self._listing(ssh, host, f"{work_dir}/{HOST_ENVIRONMENTS}")
         wheel_files = await self._listing(ssh, host, f"{work_dir}/{HOST_WHEELS}")
-        # Read after the listings: a cluster that asked for its environment meanwhile keeps it.
-        keep |= {key for key, when in self._asked.items() if time.monotonic() - when < RECENTLY_ASKED_SECONDS}
+        # Read after the listings: a cluster created since the store was read keeps its own.
+        keep |= {key for key, when in self._asked.items() if when >= read_at}
         wheels: set[str] = set()
         for key in keep:
             with contextlib.suppress(FileNotFoundError, ValueError):

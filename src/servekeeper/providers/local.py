@@ -259,7 +259,7 @@ class LocalProvider:
     async def close(self) -> None:
         return None
 
-    async def prune_environments(self, keep: Collection[str]) -> None:
+    async def prune_environments(self, keep: Collection[str], read_at: float) -> None:
         return None  # its nodes run the controller's own environments, pruned by the controller
 
     def processes_alive(self, cluster: ClusterRecord) -> bool:

@@ -141,9 +141,10 @@ class PoolProvider:
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
-    async def prune_environments(self, keep: Collection[str]) -> None:
+    async def prune_environments(self, keep: Collection[str], read_at: float) -> None:
         for pool in [record.spec() for record in self.store.list_host_pools()]:
-            await self.host_environments.prune(self.ssh(pool.name), [host.name for host in pool.spec.hosts], keep)
+            hosts = [host.name for host in pool.spec.hosts]
+            await self.host_environments.prune(self.ssh(pool.name), hosts, keep, read_at)
 
     async def close(self) -> None:
         for _, nodes in self._nodes.values():

@@ -61,6 +61,6 @@ class ProviderRouter:
         await self.local.close()
         await self.pool.close()
 
-    async def prune_environments(self, keep: Collection[str]) -> None:
-        await self.local.prune_environments(keep)
-        await self.pool.prune_environments(keep)
+    async def prune_environments(self, keep: Collection[str], read_at: float) -> None:
+        await self.local.prune_environments(keep, read_at)
+        await self.pool.prune_environments(keep, read_at)
