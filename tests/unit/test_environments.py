@@ -514,8 +514,9 @@ async def test_a_host_keeps_only_the_environments_and_wheels_in_use_or_asked_for
     assert keys["2.58.0"] in left and keys["2.59.0"] not in left, left
 
 
-async def test_a_ray_release_its_image_constrains_is_resolved_under_that_constraint(tmp_path: Path) -> None:
-    """Ray 2.56.0's Serve fails on protobuf 7 (out before it): both resolves get protobuf<7."""
+async def test_a_ray_release_is_resolved_with_what_its_image_holds_and_its_wheel_omits(tmp_path: Path) -> None:
+    """Ray 2.56.0's Serve fails on protobuf 7 (out before it): both resolves get protobuf<7;
+    2.57.0's needs jinja2, which its `serve` extra does not list."""
 
     async def published(version: str) -> str:
         return "2026-01-01T00:01:00Z"
@@ -532,3 +533,6 @@ async def test_a_ray_release_its_image_constrains_is_resolved_under_that_constra
         request_of(rayVersion="2.57.0")
     )
     assert not [call for call in later.calls if "--constraints" in call], "no constraint from 2.57.0 on"
+    # 2.57's Serve imports jinja2, which its extra forgets: added to both resolves
+    for call in [call for call in later.calls if call[:2] == ["pip", "compile"]]:
+        assert "jinja2" in Path(call[2]).read_text().split(), call

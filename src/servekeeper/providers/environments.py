@@ -71,6 +71,13 @@ RAY_IMAGE_CONSTRAINTS: tuple[tuple[SpecifierSet, str], ...] = (
     # resolved as of its release day gets protobuf 7.35, and its Serve config API fails.
     (SpecifierSet("<2.57.0"), "protobuf<7"),
 )
+# Packages a release's Serve imports and its `serve` extra forgets (its image has them): added to
+# the request of that release.
+RAY_IMAGE_ADDITIONS: tuple[tuple[SpecifierSet, str], ...] = (
+    # Serve 2.57's haproxy module imports jinja2 at the dashboard's start ("Serve dependencies
+    # are not installed": no Serve REST API); its extra lists it from 2.58.0 on.
+    (SpecifierSet("==2.57.*"), "jinja2"),
+)
 
 
 @dataclass(frozen=True)
@@ -93,22 +100,25 @@ class EnvironmentRequest:
         )
 
     def key(self) -> str:
-        described = [self.python, self.ray, self.packages, self.platform]
-        if self.constraints():  # a release constrained since its lock was written is resolved anew
-            described.append(self.constraints())
+        described: list[object] = [self.python, self.ray, self.packages, self.platform]
+        if self.constraints() or self.additions():  # a release fixed since its lock was written is resolved anew
+            described += [self.constraints(), self.additions()]
         return _digest(json.dumps(described))
 
     def constraints(self) -> list[str]:
         """RAY_IMAGE_CONSTRAINTS of this Ray release."""
-        release = Version(self.ray)
-        return [constraint for releases, constraint in RAY_IMAGE_CONSTRAINTS if release in releases]
+        return [line for releases, line in RAY_IMAGE_CONSTRAINTS if Version(self.ray) in releases]
+
+    def additions(self) -> list[str]:
+        """RAY_IMAGE_ADDITIONS of this Ray release."""
+        return [line for releases, line in RAY_IMAGE_ADDITIONS if Version(self.ray) in releases]
 
     def ray_requirement(self) -> str:
         # Serve's extra (its proxy, the REST config API) is what a node of a service needs.
         return f"ray[serve]=={self.ray}"
 
     def requirements(self) -> list[str]:
-        return [self.ray_requirement(), *self.packages]
+        return [self.ray_requirement(), *self.additions(), *self.packages]
 
     def describe(self) -> str:
         extra = f" with {', '.join(self.packages)}" if self.packages else ""
@@ -251,7 +261,7 @@ class Environments:
             constrained = ["--constraints", str(constraints)]
         if released is not None:
             ray_alone = lock.with_suffix(".ray.in")
-            ray_alone.write_text(f"{request.ray_requirement()}\n")
+            ray_alone.write_text("".join(f"{line}\n" for line in [request.ray_requirement(), *request.additions()]))
             argv = ["pip", "compile", str(ray_alone), "--python", interpreter, "--quiet", "--exclude-newer", released]
             await self._uv([*argv, *constrained, "-o", str(compiled)], request)
         wanted = lock.with_suffix(".in")
