@@ -13,8 +13,6 @@ one worker): Ray's CPUs are logical, so they fit on 2 cores."""
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -26,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from servekeeper.testing.harness import Servekeeper, free_port, wait_until
+from servekeeper.testing.harness import Servekeeper, exported_environment, free_port, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -139,12 +137,7 @@ def test_job_app_is_imperative_and_survives_an_in_place_update_and_kill9(sk: Ser
 
 
 def test_env_lets_a_local_ray_init_connect(sk: Servekeeper) -> None:
-    lines = sk.cli("env", NAME).stdout.splitlines()
-    env = dict(os.environ)
-    for line in lines:
-        if line.startswith("export "):
-            key, _, value = line.removeprefix("export ").partition("=")
-            env[key] = os.path.expandvars(shlex.split(value)[0])  # PATH=<env>/bin:"$PATH"
+    env = exported_environment(sk.cli("env", NAME).stdout)
     assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
     driver = "import ray; ray.init(); print(int(ray.cluster_resources()['CPU'])); ray.shutdown()"
     python = shutil.which("python", path=env["PATH"])  # the cluster environment's, which `env` puts first

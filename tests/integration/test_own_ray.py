@@ -8,8 +8,6 @@ driver the cluster's own Python and Ray."""
 
 from __future__ import annotations
 
-import os
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -23,7 +21,7 @@ import psutil
 import pytest
 
 from servekeeper.providers.local import session_members
-from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.harness import Servekeeper, exported_environment, free_port, hello_spec, wait_until
 from servekeeper.testing.load import Load
 
 pytestmark = pytest.mark.ray
@@ -128,11 +126,7 @@ def test_a_service_on_its_own_ray_upgrades_and_undoes_with_nothing_failed(sk: Se
 
 
 def test_env_and_job_submit_give_a_driver_the_clusters_own_ray(sk: Servekeeper, tmp_path: Path) -> None:
-    env = dict(os.environ)
-    for line in sk.cli("env", NAME).stdout.splitlines():
-        if line.startswith("export "):
-            key, _, value = line.removeprefix("export ").partition("=")
-            env[key] = shlex.split(value)[0].replace("$PATH", os.environ["PATH"])
+    env = exported_environment(sk.cli("env", NAME).stdout)
     python = shutil.which("python", path=env["PATH"])
     assert python is not None and "environments" in python, python
     driver = "import ray; ray.init(); print(ray.__version__, ray.cluster_resources()['CPU']); ray.shutdown()"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -274,3 +275,14 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
 
 def free_port() -> int:
     return PortAllocator().one()
+
+
+def exported_environment(exports: str) -> dict[str, str]:
+    """This process's environment with `servekeeper env`'s `export` lines applied (`$PATH` and
+    the like expanded against it): what a shell that ran them would give a driver."""
+    env = dict(os.environ)
+    for line in exports.splitlines():
+        if line.startswith("export "):
+            key, _, value = line.removeprefix("export ").partition("=")
+            env[key] = os.path.expandvars(shlex.split(value)[0])  # PATH=<env>/bin:"$PATH"
+    return env
