@@ -533,6 +533,6 @@ async def test_a_ray_release_is_resolved_with_what_its_image_holds_and_its_wheel
         request_of(rayVersion="2.57.0")
     )
     assert not [call for call in later.calls if "--constraints" in call], "no constraint from 2.57.0 on"
-    # 2.57's Serve imports jinja2, which its extra forgets: added to both resolves
+    # 2.57's Serve imports jinja2, which its extra forgets (2.58's too): added to both resolves
     for call in [call for call in later.calls if call[:2] == ["pip", "compile"]]:
         assert "jinja2" in Path(call[2]).read_text().split(), call

@@ -74,9 +74,9 @@ RAY_IMAGE_CONSTRAINTS: tuple[tuple[SpecifierSet, str], ...] = (
 # Packages a release's Serve imports and its `serve` extra forgets (its image has them): added to
 # the request of that release.
 RAY_IMAGE_ADDITIONS: tuple[tuple[SpecifierSet, str], ...] = (
-    # Serve 2.57's haproxy module imports jinja2 at the dashboard's start ("Serve dependencies
-    # are not installed": no Serve REST API); its extra lists it from 2.58.0 on.
-    (SpecifierSet("==2.57.*"), "jinja2"),
+    # Serve's haproxy module in 2.57 and 2.58 imports jinja2 at the dashboard's start ("Serve
+    # dependencies are not installed": no Serve REST API); the extra lists it from 2.59.0 on.
+    (SpecifierSet(">=2.57.0,<2.59.0"), "jinja2"),
 )
 
 
