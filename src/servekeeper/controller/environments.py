@@ -89,4 +89,7 @@ class EnvironmentBuilds:
         if retired:
             logger.info("environments no cluster or kept revision uses deleted: %s", [d.name for d in retired])
             if self.prune_elsewhere is not None:  # only when one went out of use: SSH is not free
-                await self.prune_elsewhere(self.environments.keys_in_use(used), read_at)
+                try:
+                    await self.prune_elsewhere(self.environments.keys_in_use(used), read_at)
+                except Exception as exc:  # a pool deleted meanwhile, a host's answer: the next prune
+                    logger.warning("environments on the hosts not pruned: %s", exc)

@@ -70,6 +70,7 @@ class Executor:
         self.shortfalls: dict[str, str] = {}  # service -> why its next cluster cannot be placed now
         self.unacknowledged_routes: set[str] = set()  # services whose last route push failed
         self.background: dict[str, asyncio.Task[None]] = {}  # cluster name -> its start or stop task
+        self.pruning: asyncio.Task[None] | None = None  # environments pruned after a service's deletion
         self.start_retries = StartRetries(store, clock)
         self.head_moves = HeadMoves(store, provider, clock)
         self.environment_builds = EnvironmentBuilds(
@@ -123,6 +124,8 @@ class Executor:
         elif isinstance(action, act.ForgetService):
             # Only the row this tick saw being deleted: an apply stored meanwhile survives.
             self.store.delete_service_row(service.name, expected_generation=service.generation)
+            # Its last cluster went before its row did: its environment may be out of use only now.
+            self._prune_soon()
 
     async def _create_cluster(self, service: ServiceRecord, spec: ServiceSpec, role: ClusterRole) -> None:
         config = pinned(spec.spec.rayClusterConfig)  # its environment fixed for its life
@@ -234,6 +237,11 @@ class Executor:
             current.name, nodes=restarted.nodes, worker_pids=restarted.worker_pids, head_pid=restarted.head_pid
         )
         self._start_cluster(restarted)
+
+    def _prune_soon(self) -> None:
+        """Prune the environments beside the ticks (a pool's hosts answer over SSH), one prune at a time."""
+        if self.pruning is None or self.pruning.done():
+            self.pruning = asyncio.create_task(self.environment_builds.prune(), name="prune-environments")
 
     def _in_background(
         self, cluster: ClusterRecord, task_name: str, work: Coroutine[Any, Any, None]
