@@ -52,6 +52,7 @@ class FakeFleet:
         self.stopped: list[RemoteNode] = []  # what each stop was asked to stop (pid -1: by its tag)
         self.launches: list[asyncio.Future[RemoteNode]] = []
         self.made: list[FakeSshNodes] = []
+        self.interpreters: dict[str, dict[str, str]] = {}  # host -> its Pythons (default: 3.11 only)
         self._pids = itertools.count(7000)
         self._ports = itertools.count(20000)
 
@@ -92,6 +93,10 @@ class FakeSshNodes(SshNodes):
 
     async def close(self) -> None:
         self.closed = True
+
+    async def interpreters(self, host: str) -> dict[str, str]:
+        self.fleet.calls.append(("interpreters", host))
+        return self.fleet.interpreters.get(host, {"3.11": "/usr/bin/python3.11"})
 
     async def probe(self, host: str, timeout: float) -> None:
         self.fleet.calls.append(("probe", host))

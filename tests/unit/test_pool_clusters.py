@@ -22,7 +22,7 @@ from servekeeper.model.hostpool import parse_host_pool
 from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.cluster_token import read_cluster_token
 from servekeeper.providers.pool import PoolProvider
-from servekeeper.providers.pool_placement import Shortfall
+from servekeeper.providers.pool_placement import HostRefused, Shortfall, place_cluster
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.router import ProviderRouter
 from servekeeper.providers.ssh import CommandFailed, HostKeyRefused, HostUnreachable
@@ -498,3 +498,25 @@ async def test_no_env_value_of_the_cluster_reaches_the_event_from_a_nodes_log(wo
     assert restarting.endswith("DEBUG=1 | auth failed with key ***"), restarting
     assert all("s3cr3t" not in e.message for e in world.events())
     await world.background_settled()
+
+
+async def test_a_host_without_the_environments_python_is_left_out_of_placement_or_refused_by_name(
+    tmp_path: Path, store: Store
+) -> None:
+    pool = parse_host_pool(pool_document(("a", 4), ("b", 4)))
+    fleet = FakeFleet()
+    fleet.interpreters["b"] = {"3.12": "/usr/bin/python3.12"}
+    ssh = fleet(pool.spec.hosts)
+    fits_on_a = pool_spec(workers=1, cpus=2, rayVersion="2.59.0", pythonVersion="3.11").spec.rayClusterConfig
+    placed = await place_cluster(pool, ssh, [], draft("x", fits_on_a), fits_on_a)
+    assert [node.host for node in placed.nodes] == ["a", "a"], "b has no Python 3.11"
+    needs_b = pool_spec(workers=1, cpus=3, rayVersion="2.59.0", pythonVersion="3.11").spec.rayClusterConfig
+    with pytest.raises(HostRefused, match=r"no Python 3.11 on hosts \['b'\]"):
+        await place_cluster(pool, ssh, [], draft("y", needs_b), needs_b)
+    own = pool_spec(workers=1, cpus=3).spec.rayClusterConfig  # the hosts' own Ray and Python
+    placed = await place_cluster(pool, ssh, [], draft("z", own), own)
+    assert sorted(node.host for node in placed.nodes) == ["a", "b"]
+    assert [call for call in fleet.calls if call[0] == "interpreters"] == [
+        ("interpreters", "a"),
+        ("interpreters", "b"),
+    ] * 2

@@ -14,6 +14,7 @@ from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import HostPoolRecord, HostPoolSpec
 from servekeeper.model.records import ClusterPorts, ClusterRecord, NodePlacement
 from servekeeper.providers.base import PermanentProviderError, RetryableProviderError
+from servekeeper.providers.environments import EnvironmentRequest
 from servekeeper.providers.node_argv import cluster_dir
 from servekeeper.providers.ssh import CommandTimeout, SshError
 from servekeeper.providers.ssh_nodes import SshNodes
@@ -76,14 +77,19 @@ async def place_cluster(
     avoid = frozenset(siblings)
     chosen = place(node_needs(config), free_room(rooms, placed), avoid)
     unreachable: set[str] = set()
+    lacking: set[str] = set()
     if not isinstance(chosen, str):
         # Only the hosts picked are probed (a rollout waiting for room probes nothing), and a
-        # lost one gets no new node: placed again without it.
+        # lost one, or one without the environment's Python, gets no new node: placed again without it.
         unreachable = await unreachable_hosts(ssh, sorted(set(chosen)))
-        if unreachable:
-            rooms = [room for room in rooms if room.name not in unreachable]
+        lacking = await hosts_without_python(ssh, sorted(set(chosen) - unreachable), config)
+        if unreachable or lacking:
+            rooms = [room for room in rooms if room.name not in unreachable | lacking]
             chosen = place(node_needs(config), free_room(rooms, placed), avoid)
     if isinstance(chosen, str):
+        if lacking:  # no wait mends it: a host gets an interpreter by hand
+            python = f"Python {own_python_of(config)}"
+            raise HostRefused(f"host pool {config.hostPool!r}: {chosen}; no {python} on hosts {sorted(lacking)}")
         lost = f" (unreachable: {sorted(unreachable)})" if unreachable else ""
         raise Shortfall(f"host pool {config.hostPool!r}: {chosen}{lost}")
     try:
@@ -124,6 +130,30 @@ async def _allocate(
     )
     cluster_ports = ClusterPorts(gcs, dashboard, client_server, serve_http, serve_grpc, tuple(node_ports))
     return draft.with_changes(pool=pool_name, nodes=nodes, ports=cluster_ports)
+
+
+def own_python_of(config: RayClusterConfigSpec) -> str | None:
+    """The Python minor version a cluster's own environment needs on its hosts; None for a
+    cluster on the hosts' own Ray and Python."""
+    request = EnvironmentRequest.of(config)
+    return request.python if request is not None else None
+
+
+async def hosts_without_python(ssh: SshNodes, hosts: list[str], config: RayClusterConfigSpec) -> set[str]:
+    """Of `hosts`, those without the interpreter the cluster's own environment needs (a host
+    whose answer fails is left to the node start, which names its error)."""
+    python = own_python_of(config)
+    if python is None:
+        return set()
+
+    async def lacks(host: str) -> bool:
+        try:
+            return python not in await ssh.interpreters(host)
+        except SshError:
+            return False
+
+    answers = await asyncio.gather(*(lacks(host) for host in hosts))
+    return {host for host, lacking in zip(hosts, answers, strict=True) if lacking}
 
 
 async def unreachable_hosts(ssh: SshNodes, hosts: list[str]) -> set[str]:
