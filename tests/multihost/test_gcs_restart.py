@@ -233,7 +233,10 @@ def proxy_health(daemon: Servekeeper) -> dict[str, str]:
 
 
 def all_proxies_healthy(daemon: Servekeeper) -> bool:
-    flags = proxy_health(daemon)
+    try:
+        flags = proxy_health(daemon)
+    except (httpx.HTTPError, OSError, ValueError, IndexError):  # Envoy's admin busy: asked again
+        return False
     return bool(flags) and all(value == "healthy" for value in flags.values())
 
 

@@ -330,10 +330,11 @@ async def test_a_deleted_clusters_environment_goes_unless_a_kept_revision_uses_i
         tmp_path / "environments", run=FakeUv(), interpreters=interpreters, released=unknown_release
     )
     told: list[set[str]] = []
+    reads: list[float] = []
 
     async def prune_elsewhere(keep: set[str], read_at: float) -> None:
-        assert read_at <= time.monotonic()
         told.append(keep)
+        reads.append(read_at)
 
     builds = EnvironmentBuilds(store, environments, clock=lambda: 0.0, prune_elsewhere=prune_elsewhere)
     old, _ = await environments.prepare(request_of(rayVersion="2.58.0"))
@@ -342,9 +343,11 @@ async def test_a_deleted_clusters_environment_goes_unless_a_kept_revision_uses_i
     for ray in ("2.58.0", "2.59.0"):  # two revisions of one service: 2.58.0 kept for undo
         spec = make_spec(rayClusterConfig={"rayVersion": ray})
         store_spec(store, spec.name, spec.to_json(), None, None, history_limit=10)
+    before = time.monotonic()
     await builds.prune()
     assert old.path.exists() and kept.path.exists() and not gone.path.exists()
     assert told == [{old.key, kept.key}], "the provider is told the keys that stay, once one went"
+    assert before <= reads[0] <= time.monotonic(), "with when the store was read"
     await builds.prune()
     assert len(told) == 1, "nothing went: the hosts are left alone"
     assert [config.rayVersion for config in environments_in_use(store)] == ["2.59.0", "2.58.0", "2.59.0"]
@@ -424,22 +427,36 @@ async def test_a_download_the_index_did_not_answer_is_retried_and_one_without_a_
     request = EnvironmentRequest.of(spec)
     assert request is not None
     await environments.prepare(request)
-    answers = [
-        "WARNING: Retrying (Retry(total=4, connect=None, read=None)) after connection broken by "
-        "'NewConnectionError(...)': /simple/ray/\nERROR: Could not find a version that satisfies the requirement ray",
+    retry = "WARNING: Retrying (Retry(total=4)) after connection broken by 'NewConnectionError(...)'"
+    no_wheel = (
         "ERROR: Could not find a version that satisfies the requirement sdist-only==1.0 (from versions: none)\n"
-        "ERROR: No matching distribution found for sdist-only==1.0",
+        "ERROR: No matching distribution found for sdist-only==1.0"
+    )
+    answers = [
+        f"{retry}: /simple/ray/\nERROR: Could not find a version that satisfies the requirement ray",
+        no_wheel,
+        f"{retry}: /simple/numpy/\n{no_wheel}",  # a blip for another package, which pip then got
+        f"{retry}: /simple/sdist-only/\n{no_wheel}",  # the index did not answer for that one
     ]
+    downloads = 0
 
     async def download(argv: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
+        nonlocal downloads
+        downloads += 1
         return 1, answers.pop(0)
 
-    on_hosts = HostEnvironments(environments, download=download, uv_binary=sys.executable)
     hosts = FakeHosts({"3.11": "/usr/bin/python3.11"})
+    on_hosts = HostEnvironments(environments, download=download, uv_binary=sys.executable)
     with pytest.raises(RetryableProviderError, match="the package index did not answer"):
-        await on_hosts.pythons_on(hosts, ["h1"], spec)
-    with pytest.raises(EnvironmentFailed, match=r"no binary wheel .* sdist-only==1.0"):
-        await on_hosts.pythons_on(hosts, ["h1"], spec)
+        await on_hosts.pythons_on(hosts, ["h1", "h2"], spec)
+    assert downloads == 1, "the second host waited behind the failed download and got its answer"
+    for expected in (EnvironmentFailed, EnvironmentFailed, RetryableProviderError):
+        # (a new controller: a failed download's answer is kept for the hosts of one start only)
+        again = HostEnvironments(environments, download=download, uv_binary=sys.executable)
+        with pytest.raises(expected) as raised:
+            await again.pythons_on(hosts, ["h1"], spec)
+        if expected is EnvironmentFailed:
+            assert "no binary wheel" in str(raised.value) and "sdist-only==1.0" in str(raised.value)
     assert not hosts.files, "nothing copied"
 
 
@@ -497,11 +514,16 @@ async def test_a_host_keeps_only_the_environments_and_wheels_in_use_or_asked_for
     wheels = hosts.files["h1:/work/h1/wheels"]
     assert {"only-2.58.0-1.0-py3-none-any.whl", "only-2.59.0-1.0-py3-none-any.whl"} <= set(wheels)
 
+    foreign = "0123456789abcdef"  # another controller's environment on the shared workDir
+    hosts.written[f"h1:/work/h1/environments/{foreign}/bin/python"] = b""
+    hosts.files["h1:/work/h1/wheels"]["ray-2.59.0-py3-none-any.whl.1f2e.tmp"] = "an upload under way"
     fresh = HostEnvironments(environments, download=fake_download, uv_binary=sys.executable)  # nothing asked since
     await fresh.prune(hosts, ["h1", "h2"], {keys["2.59.0"]}, time.monotonic())
+    assert "ray-2.59.0-py3-none-any.whl.1f2e.tmp" in hosts.files["h1:/work/h1/wheels"], "not a wheel: left"
     for name in ("h1", "h2"):
         left = hosts.list_or_remove(name, ["ls", "-1", f"/work/{name}/environments"]).stdout.split()
-        assert left == [keys["2.59.0"], f"{keys['2.59.0']}.txt"], left
+        ours = [keys["2.59.0"], f"{keys['2.59.0']}.txt"]
+        assert left == sorted([*ours, foreign] if name == "h1" else ours), left
         wheels = set(hosts.files[f"{name}:/work/{name}/wheels"])
         assert "only-2.58.0-1.0-py3-none-any.whl" not in wheels and "only-2.59.0-1.0-py3-none-any.whl" in wheels
         assert "ray-2.59.0-py3-none-any.whl" in wheels
@@ -536,3 +558,23 @@ async def test_a_ray_release_is_resolved_with_what_its_image_holds_and_its_wheel
     # 2.57's Serve imports jinja2, which its extra forgets (2.58's too): added to both resolves
     for call in [call for call in later.calls if call[:2] == ["pip", "compile"]]:
         assert "jinja2" in Path(call[2]).read_text().split(), call
+
+
+async def test_a_lock_written_before_its_releases_image_fixes_is_resolved_anew(tmp_path: Path) -> None:
+    """A 2.57.0 lock without jinja2 (its environment never served) is resolved again, under the
+    same key; 2.55.0's (protobuf 6, meets protobuf<7) is kept as it is."""
+    uv_calls = FakeUv()
+    environments = Environments(tmp_path, run=uv_calls, interpreters=interpreters, released=unknown_release)
+    old = request_of(rayVersion="2.57.0")
+    lock = environments.lock_of(old)
+    lock.parent.mkdir(parents=True)
+    lock.write_text("protobuf==7.35.1\nray==2.57.0\n")
+    assert not old.lock_holds_image_fixes(lock.read_text())
+    await environments.prepare(old)
+    assert "jinja2==1.0" in lock.read_text().split() and environments.lock_of(old) == lock
+    kept = request_of(rayVersion="2.55.0")
+    environments.lock_of(kept).write_text("protobuf==6.33.6\nray==2.55.0\n")
+    compiles = uv_calls.count("pip", "compile")
+    await environments.prepare(kept)
+    assert uv_calls.count("pip", "compile") == compiles, "a lock that holds the fixes is not resolved again"
+    assert not request_of(rayVersion="2.56.0").lock_holds_image_fixes("protobuf==7.35.1\nray==2.56.0\n")

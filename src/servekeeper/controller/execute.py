@@ -242,6 +242,7 @@ class Executor:
         """Prune the environments beside the ticks (a pool's hosts answer over SSH), one prune at a time."""
         if self.pruning is None or self.pruning.done():
             self.pruning = asyncio.create_task(self.environment_builds.prune(), name="prune-environments")
+            self.pruning.add_done_callback(_log_failure)
 
     def _in_background(
         self, cluster: ClusterRecord, task_name: str, work: Coroutine[Any, Any, None]
@@ -371,3 +372,8 @@ class Executor:
                 self.store.update_cluster(cluster.name, **changes)
 
         return list(await self.provider.stop(cluster, record))
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("environments not pruned: %r", task.exception())

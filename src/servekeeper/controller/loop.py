@@ -290,6 +290,9 @@ class Controller:
                 self.store.remove_cluster(cluster.name)
         else:
             await asyncio.gather(*background, return_exceptions=True)
+        if self.executor.pruning is not None:  # a prune is never worth waiting for at shutdown
+            self.executor.pruning.cancel()
+            await asyncio.gather(self.executor.pruning, return_exceptions=True)
         await self.provider.close()
 
     def status_snapshot(self, name: str) -> Observation | None:

@@ -174,6 +174,9 @@ class HostPoolSpec(StrictModel):
     def name(self) -> str:
         return self.metadata.name
 
+    def host_names(self) -> list[str]:
+        return [host.name for host in self.spec.hosts]
+
     def host(self, name: str) -> HostSpec | None:
         return next((host for host in self.spec.hosts if host.name == name), None)
 

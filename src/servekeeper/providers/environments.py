@@ -25,7 +25,9 @@ from importlib.metadata import version
 from pathlib import Path
 
 import uv
+from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
@@ -100,10 +102,22 @@ class EnvironmentRequest:
         )
 
     def key(self) -> str:
-        described: list[object] = [self.python, self.ray, self.packages, self.platform]
-        if self.constraints() or self.additions():  # a release fixed since its lock was written is resolved anew
-            described += [self.constraints(), self.additions()]
-        return _digest(json.dumps(described))
+        # Never changes for a request: a running cluster keeps finding its environment.
+        return _digest(json.dumps([self.python, self.ray, self.packages, self.platform]))
+
+    def lock_holds_image_fixes(self, locked: str) -> bool:
+        """Whether a lock has this release's additions and meets its constraints: one written
+        before they were known (a release whose environment never served) is resolved anew."""
+        pins = dict(line.split("==", 1) for line in locked.split() if "==" in line)
+        pins = {canonicalize_name(name.split("[")[0]): release for name, release in pins.items()}
+        if any(canonicalize_name(Requirement(line).name) not in pins for line in self.additions()):
+            return False
+        for line in self.constraints():
+            wanted = Requirement(line)
+            pinned_release = pins.get(canonicalize_name(wanted.name))
+            if pinned_release is not None and pinned_release not in wanted.specifier:
+                return False
+        return True
 
     def constraints(self) -> list[str]:
         """RAY_IMAGE_CONSTRAINTS of this Ray release."""
@@ -235,7 +249,7 @@ class Environments:
         key = request.key()
         async with self.building.setdefault(key, asyncio.Lock()):
             lock = self.root / LOCKS / f"{key}.txt"
-            if not lock.exists():
+            if not lock.exists() or not request.lock_holds_image_fixes(lock.read_text()):
                 await self._resolve(request, lock)
             environment = self._named(lock.read_text())
         # Requests that resolve alike share the directory: one build of it at a time.
@@ -295,6 +309,11 @@ class Environments:
             command = " ".join(argv[:2]) if argv[0] == "pip" else argv[0]
             raise EnvironmentFailed(f"{request.describe()}: uv {command} failed: {told}")
         return output
+
+    def known_keys(self) -> set[str]:
+        """Every environment (key) this controller has resolved: what its prunes may delete
+        elsewhere (another controller's environments on a shared host are not its own)."""
+        return {self._named(lock.read_text()).key for lock in sorted((self.root / LOCKS).glob("*.txt"))}
 
     def _named(self, locked: str) -> Environment:
         key = _digest(locked)

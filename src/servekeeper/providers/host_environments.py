@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import shutil
 import sys
 import time
@@ -19,6 +20,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 
 import uv
+from packaging.utils import canonicalize_name
 
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.providers.base import RetryableProviderError
@@ -43,6 +45,7 @@ HOST_WHEELS = "wheels"  # under a host's workDir: every environment's wheels, sh
 HOST_TOOLS = "tools"  # under a host's workDir: uv's binary
 HOST_ENVIRONMENTS = "environments"  # under a host's workDir
 INSTALL_TIMEOUT_SECONDS = 900.0
+DOWNLOAD_FAILURE_KEPT_SECONDS = 10.0  # the hosts of one start share a failed download's answer
 
 # (argv, extra environment) -> (exit code, output): a local command (pip download) or a stand-in
 Command = Callable[[Sequence[str], dict[str, str]], Awaitable[tuple[int, str]]]
@@ -69,6 +72,7 @@ class HostEnvironments:
         # environment key -> when (time.monotonic()) a cluster last asked for it here: a prune
         # keeps one asked for after it read the store, whatever the keys it is told
         self._asked: dict[str, float] = {}
+        self._failed_downloads: dict[str, tuple[float, Exception]] = {}  # key -> (when, what)
 
     async def pythons_on(self, ssh: SshNodes, hosts: Sequence[str], config: RayClusterConfigSpec) -> dict[str, str]:
         """Host -> the interpreter of the cluster's own environment there, for the `hosts` its
@@ -97,7 +101,8 @@ class HostEnvironments:
         # workDir under /tmp has lost the environment, and gets it again.
         async with self._locks.setdefault(f"{host} {environment.key}", asyncio.Lock()):
             if not await self._marked(ssh, host, directory):
-                await self._install(ssh, host, directory, environment, request)
+                async with self._host_lock(host):  # never beside a prune of that host
+                    await self._install(ssh, host, directory, environment, request)
         return f"{directory}/bin/python"
 
     async def prune(self, ssh: SshNodes, hosts: Sequence[str], keep: Collection[str], read_at: float) -> None:
@@ -114,19 +119,28 @@ class HostEnvironments:
 
     async def _prune_host(self, ssh: SshNodes, host: str, keep: set[str], read_at: float) -> None:
         work_dir = ssh.host(host).workDir.rstrip("/")
-        environments = await self._listing(ssh, host, f"{work_dir}/{HOST_ENVIRONMENTS}")
-        wheel_files = await self._listing(ssh, host, f"{work_dir}/{HOST_WHEELS}")
-        # Read after the listings: a cluster created since the store was read keeps its own.
-        keep |= {key for key, when in self._asked.items() if when >= read_at}
-        wheels: set[str] = set()
-        for key in keep:
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                wheels |= set(_manifest(self.environments.root / WHEELHOUSES / key))
-        stale = [path for path in environments if path.rsplit("/", 1)[1].split(".")[0] not in keep]  # KEY, KEY.txt
-        stale += [path for path in wheel_files if path.rsplit("/", 1)[1] not in wheels]
-        if stale:
-            await ssh.connection(host).run(["rm", "-rf", "--", *stale], timeout=INSTALL_TIMEOUT_SECONDS)
-            logger.info("host %s: deleted %d environments and wheels no cluster uses", host, len(stale))
+        if not work_dir:
+            return  # a workDir of "/": its environments/ and wheels/ are not ours to clean
+        # Only environments this controller resolved: another one's on a shared workDir stay.
+        ours = self.environments.known_keys()
+        async with self._host_lock(host):  # no install copies or syncs meanwhile
+            environments = await self._listing(ssh, host, f"{work_dir}/{HOST_ENVIRONMENTS}")
+            wheel_files = await self._listing(ssh, host, f"{work_dir}/{HOST_WHEELS}")
+            # A cluster created since the store was read keeps its own.
+            keep |= {key for key, when in self._asked.items() if when >= read_at}
+            wheels: set[str] = set()
+            for key in keep:
+                with contextlib.suppress(FileNotFoundError, ValueError):
+                    wheels |= set(_manifest(self.environments.root / WHEELHOUSES / key))
+            stale = [path for path in environments if _key_of(path) in ours - keep]  # KEY/ and KEY.txt
+            # Wheels are needed only while an install runs: one gone is copied again if needed.
+            stale += [path for path in wheel_files if path.endswith(".whl") and _base(path) not in wheels]
+            if stale:
+                await ssh.connection(host).run(["rm", "-rf", "--", *stale], timeout=INSTALL_TIMEOUT_SECONDS)
+                logger.info("host %s: deleted %d environments and wheels no cluster uses", host, len(stale))
+
+    def _host_lock(self, host: str) -> asyncio.Lock:
+        return self._locks.setdefault(f"host {host}", asyncio.Lock())
 
     @staticmethod
     async def _listing(ssh: SshNodes, host: str, folder: str) -> list[str]:
@@ -193,6 +207,9 @@ class HostEnvironments:
         async with self._locks.setdefault(f"wheelhouse {environment.key}", asyncio.Lock()):
             if (folder / MANIFEST).exists():
                 return folder
+            failed = self._failed_downloads.get(environment.key)
+            if failed is not None and time.monotonic() - failed[0] < DOWNLOAD_FAILURE_KEPT_SECONDS:
+                raise failed[1]  # the hosts that waited behind a failed download are told, not retried each
             partial = folder.with_name(f"{folder.name}.partial")
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
@@ -201,7 +218,9 @@ class HostEnvironments:
             argv += ["--python-version", request.python, "-r", str(lock), "-d", str(partial), *configured_index()]
             code, output = await self.download(argv, {})
             if code != 0:
-                raise download_failure(request.describe(), output)
+                failure = download_failure(request.describe(), output)
+                self._failed_downloads[environment.key] = (time.monotonic(), failure)
+                raise failure
             manifest = {path.name: sha256_of(path) for path in sorted(partial.iterdir())}
             (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
             shutil.rmtree(folder, ignore_errors=True)
@@ -228,7 +247,11 @@ def download_failure(what: str, output: str) -> Exception:
     has no binary wheel for the hosts (they build nothing: an sdist-only package is refused by
     name), or pip's own message."""
     tail = output[-ANSWER_TAIL:].strip()
-    if any(sign in output for sign in UNREACHABLE_INDEX):
+    missing = re.findall(r"No matching distribution found for ([A-Za-z0-9._-]+)", output)
+    retried = [line for line in output.splitlines() if any(sign in line for sign in UNREACHABLE_INDEX)]
+    # The index did not answer for the package pip then found no file of: a blip. Retries for
+    # another one, which pip then got, do not make a missing wheel retryable.
+    if retried and (not missing or any(f"/{canonicalize_name(name)}/" in " ".join(retried) for name in missing)):
         return RetryableProviderError(f"{what}: the package index did not answer pip download: {tail}")
     if any(sign in output for sign in NO_WHEEL):
         return EnvironmentFailed(
@@ -236,6 +259,15 @@ def download_failure(what: str, output: str) -> Exception:
             f"build nothing; an sdist-only package cannot be used on a host pool): {tail}"
         )
     return EnvironmentFailed(f"{what}: pip download failed: {tail}")
+
+
+def _base(path: str) -> str:
+    return path.rsplit("/", 1)[1]
+
+
+def _key_of(path: str) -> str:
+    """The environment key of a host's `<key>` folder or `<key>.txt` lock."""
+    return _base(path).split(".")[0]
 
 
 def _manifest(wheelhouse: Path) -> dict[str, str]:

@@ -2,12 +2,11 @@
 a token of their own (`cluster_token.py`), their nodes started, watched and stopped over SSH
 (`ssh_nodes.py`).
 
-A pool cluster's record (placement and ports) is stored before any node starts, and each
-node's pid once it runs, so a restarted controller finds every node again. A node
-whose start was cut short is found by its tag and stopped before it is started again; a start
-cancelled by a delete still records the node it was launching. A stop records each node it
-stopped for sure: its room is free again while the rest of the cluster may still resist.
-"""
+A pool cluster's record (placement and ports) is stored before any node starts, and each node's
+pid once it runs, so a restarted controller finds every node again. A node whose start was cut
+short is found by its tag and stopped before it is started again; a start cancelled by a delete
+still records the node it was launching. A stop records each node it stopped for sure: its room
+is free again while the rest of the cluster may still resist."""
 
 from __future__ import annotations
 
@@ -143,8 +142,10 @@ class PoolProvider:
 
     async def prune_environments(self, keep: Collection[str], read_at: float) -> None:
         for pool in [record.spec() for record in self.store.list_host_pools()]:
-            hosts = [host.name for host in pool.spec.hosts]
-            await self.host_environments.prune(self.ssh(pool.name), hosts, keep, read_at)
+            try:  # one pool failing (deleted meanwhile) leaves the others pruned
+                await self.host_environments.prune(self.ssh(pool.name), pool.host_names(), keep, read_at)
+            except Shortfall as exc:
+                logger.warning("host pool %s: environments not pruned: %s", pool.name, exc)
 
     async def close(self) -> None:
         for _, nodes in self._nodes.values():

@@ -149,7 +149,7 @@ async def hosts_without_python(ssh: SshNodes, hosts: list[str], config: RayClust
     async def lacks(host: str) -> bool:
         try:
             return python not in await ssh.interpreters(host)
-        except SshError:
+        except (SshError, ValueError, LookupError):  # an answer that fails or does not read
             return False
 
     answers = await asyncio.gather(*(lacks(host) for host in hosts))
