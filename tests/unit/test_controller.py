@@ -856,3 +856,34 @@ async def test_the_failure_is_stored_before_the_restore_put(world: World) -> Non
 
 def _app(name: str = "hello", route_prefix: str = "/", **args: Any) -> dict[str, Any]:
     return {"name": name, "route_prefix": route_prefix, "import_path": "hello:app", "args": args}
+
+
+async def test_a_forgotten_service_prunes_environments_and_a_prune_asked_meanwhile_follows(world: World) -> None:
+    """Its last cluster went before its row did: environments are pruned once the row goes too,
+    beside the ticks; a prune asked for while one runs runs after it (it read the store later)."""
+    executor = world.controller.executor
+    gate, seen = asyncio.Event(), []
+    gate.set()  # (the prune at the cluster's deletion runs in its stop task: not held)
+
+    async def prune() -> None:
+        seen.append(world.store.get_service(NAME) is None)
+        await gate.wait()
+
+    executor.environment_builds.prune = prune  # type: ignore[method-assign]
+    await world.roll_out()
+    world.store.mark_deleting(NAME)
+    while world.store.get_service(NAME) is not None:
+        world.clock.advance(1)
+        await world.tick()
+        await world.background_settled()
+    assert executor.pruning is not None
+    await executor.pruning
+    assert seen[-1] is True and seen.count(True) == 1, "pruned once more, after the service's row was gone"
+    gate.clear()
+    executor._prune_soon()
+    await asyncio.sleep(0)
+    executor._prune_soon()  # two more asked for while one is held: one prune follows it
+    executor._prune_soon()
+    gate.set()
+    await executor.pruning
+    assert seen.count(True) == 3

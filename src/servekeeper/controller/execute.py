@@ -71,6 +71,7 @@ class Executor:
         self.unacknowledged_routes: set[str] = set()  # services whose last route push failed
         self.background: dict[str, asyncio.Task[None]] = {}  # cluster name -> its start or stop task
         self.pruning: asyncio.Task[None] | None = None  # environments pruned after a service's deletion
+        self.prune_again = False  # a prune asked for while one ran
         self.start_retries = StartRetries(store, clock)
         self.head_moves = HeadMoves(store, provider, clock)
         self.environment_builds = EnvironmentBuilds(
@@ -239,10 +240,19 @@ class Executor:
         self._start_cluster(restarted)
 
     def _prune_soon(self) -> None:
-        """Prune the environments beside the ticks (a pool's hosts answer over SSH), one prune at a time."""
-        if self.pruning is None or self.pruning.done():
-            self.pruning = asyncio.create_task(self.environment_builds.prune(), name="prune-environments")
-            self.pruning.add_done_callback(_log_failure)
+        """Prune the environments beside the ticks (a pool's hosts answer over SSH), one prune at
+        a time; one asked for while another runs follows it (that one read the store before)."""
+        if self.pruning is not None and not self.pruning.done():
+            self.prune_again = True
+            return
+        self.pruning = asyncio.create_task(self._prune_while_asked(), name="prune-environments")
+        self.pruning.add_done_callback(_log_failure)
+
+    async def _prune_while_asked(self) -> None:
+        self.prune_again = True
+        while self.prune_again:
+            self.prune_again = False
+            await self.environment_builds.prune()
 
     def _in_background(
         self, cluster: ClusterRecord, task_name: str, work: Coroutine[Any, Any, None]
