@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +192,11 @@ class Controller:
             # re-plans from the store and says it again once it is so).
             after = decision.service if completed else service.with_changes(**_failure_fields(decision.service))
             failure_events = [e for e in decision.events if failed and e.reason in ("RolloutFailed", "RolloutAborted")]
-            tick.events[:0] = decision.events if completed else failure_events
+            # A completed plan's events are stamped when its actions were done, not when it was
+            # planned: "100% of traffic now goes to X" is true once the ingress acknowledged it,
+            # which on loaded cores can be a second or more after the plan.
+            done_at = self.clock()
+            tick.events[:0] = [replace(e, time=done_at) for e in decision.events] if completed else failure_events
             if tick.rejected is not None and after.failed_generation != service.generation:
                 after = after.with_changes(failed_generation=service.generation, failure_reason=tick.rejected)
             self._persist_status(service, after)
