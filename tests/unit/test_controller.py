@@ -549,6 +549,10 @@ async def test_a_failed_switch_changes_no_role_and_the_next_tick_switches(world:
     route_failed = world.events()[-1]
     assert (route_failed.reason, route_failed.type) == ("RouteFailed", "Warning")
     assert "envoy not answering" in route_failed.message
+    for _ in range(3):  # the same refusal again: told once, not at every tick
+        world.clock.advance(1)
+        await world.tick()
+    assert world.reasons().count("RouteFailed") == 1
 
     world.dataplane.recover()
     world.clock.advance(1)

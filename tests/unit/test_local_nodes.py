@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import PermanentProviderError, nodes_restarting
-from servekeeper.providers.local import process_liveness
+from servekeeper.providers.local import process_liveness, store_with_local_ports
 from servekeeper.providers.local_nodes import (
     LOCAL_HOST,
     NODE_TAG_ENV,
@@ -30,6 +31,8 @@ from servekeeper.providers.local_nodes import (
     wait_for_raylet_sockets,
 )
 from servekeeper.providers.node_argv import gcs_storage_dir
+from servekeeper.providers.ports import PortAllocator
+from servekeeper.store.store import Store
 from servekeeper.testing.harness import wait_until
 from tests.unit.test_planner import make_spec
 from tests.unit.test_pool_clusters import draft
@@ -158,3 +161,23 @@ async def test_a_node_waits_until_the_earlier_nodes_bound_their_socket_names(tmp
     started = time.monotonic()
     assert not await wait_for_raylet_sockets(node.pid, 30), "a node gone is not waited for"
     assert time.monotonic() - started < 5
+
+
+def test_a_new_cluster_never_takes_a_port_a_service_declares_for_its_ingress(store: Store) -> None:
+    # A first rollout binds its ingress only once its cluster is ready: until then its port is
+    # free on the machine, and Ray holding it would keep that ingress from ever listening.
+    spec = make_spec(ingress={"port": 25674, "grpcPort": 25675, "previewPort": 25676})
+    store.apply_spec("svc", spec.model_dump_json(), now=0)
+    other = make_spec(ingress={"port": 25677})
+    store.apply_spec("other", other.model_dump_json(), now=0)
+    reserved_by_allocation: list[set[int]] = []
+
+    def allocator(reserved: Iterable[int]) -> PortAllocator:
+        reserved_by_allocation.append(set(reserved))
+        return PortAllocator(reserved)
+
+    config = spec.spec.rayClusterConfig
+    first = store_with_local_ports(draft("a", config), config, store, allocator=allocator)
+    store_with_local_ports(draft("b", config), config, store, allocator=allocator)
+    assert all({25674, 25675, 25676, 25677} <= reserved for reserved in reserved_by_allocation)
+    assert set(first.ports.all_ports()) <= reserved_by_allocation[1]  # and the clusters' own

@@ -68,6 +68,7 @@ class Executor:
         self.metrics = metrics
         self.wake = wake
         self.shortfalls: dict[str, str] = {}  # service -> why its next cluster cannot be placed now
+        self.route_failures: dict[str, str] = {}  # service -> why its route was last refused
         self.unacknowledged_routes: set[str] = set()  # services whose last route push failed
         self.background: dict[str, asyncio.Task[None]] = {}  # cluster name -> its start or stop task
         self.pruning: asyncio.Task[None] | None = None  # environments pruned after a service's deletion
@@ -118,8 +119,9 @@ class Executor:
             try:
                 await self.dataplane.remove_route(service.name)
             except DataPlaneError as exc:
-                tick.events.append(Event(service.name, self.clock(), "Warning", "RouteFailed", str(exc)))
+                self._route_failed(service.name, exc, tick)
                 raise StopTick from exc
+            self.route_failures.pop(service.name, None)
         elif isinstance(action, act.DeleteCluster):
             self._delete_cluster(action.cluster, service.name)
         elif isinstance(action, act.ForgetService):
@@ -285,6 +287,13 @@ class Executor:
         task.add_done_callback(finished)
         return task
 
+    def _route_failed(self, service: str, exc: DataPlaneError, tick: TickOutcome) -> None:
+        """One event per distinct failure: the tick is retried at once, and a port held by
+        another program fails the same way until it is freed."""
+        if self.route_failures.get(service) != str(exc):
+            tick.events.append(Event(service, self.clock(), "Warning", "RouteFailed", str(exc)))
+        self.route_failures[service] = str(exc)
+
     async def _set_route(
         self, service: ServiceRecord, spec: ServiceSpec, action: act.SetRoute, tick: TickOutcome
     ) -> None:
@@ -294,8 +303,9 @@ class Executor:
             self.unacknowledged_routes.discard(service.name)
         except DataPlaneError as exc:
             # Nothing after the switch may run: roles change only once the ingress acknowledged.
-            tick.events.append(Event(service.name, self.clock(), "Warning", "RouteFailed", str(exc)))
+            self._route_failed(service.name, exc, tick)
             raise StopTick from exc
+        self.route_failures.pop(service.name, None)
         switched = self.store.get_cluster(action.active)
         if switched is not None and switched.role == ClusterRole.PENDING:
             self.hooks.reached("route-switched", switched)

@@ -158,6 +158,7 @@ class Controller:
         self.observations.pop(name, None)
         self.observer.forget_service(name)
         self.executor.shortfalls.pop(name, None)
+        self.executor.route_failures.pop(name, None)
         self.executor.unacknowledged_routes.discard(name)
         self.metrics.forget_service(name)
 

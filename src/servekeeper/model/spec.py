@@ -58,9 +58,13 @@ class IngressSpec(StrictModel):
             raise ValueError("must be 0 (off) or at least 1: below a second it cuts connections to healthy hosts")
         return value
 
+    def ports(self) -> list[int]:
+        """Every port this ingress listens on (HTTP, then gRPC and preview where declared)."""
+        return [p for p in (self.port, self.grpcPort, self.previewPort) if p is not None]
+
     @model_validator(mode="after")
     def _distinct_ports(self) -> IngressSpec:
-        ports = [p for p in (self.port, self.grpcPort, self.previewPort) if p is not None]
+        ports = self.ports()
         if len(set(ports)) != len(ports):
             raise ValueError("port, grpcPort and previewPort must differ")
         return self

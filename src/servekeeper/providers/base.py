@@ -56,6 +56,10 @@ class ClusterRecords(Protocol):
 
     def put_cluster(self, cluster: ClusterRecord) -> None: ...
 
+    def declared_ports(self) -> set[int]:
+        """Ports the services' ingresses declare, which no cluster on this machine may take."""
+        ...
+
 
 class ClusterProvider(Protocol):
     async def create(

@@ -17,7 +17,7 @@ import shutil
 import signal
 import stat
 import subprocess
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
@@ -326,11 +326,14 @@ def store_with_local_ports(
     config: RayClusterConfigSpec,
     records: ClusterRecords,
     nodes: Callable[[ClusterRecord, RayClusterConfigSpec], tuple[NodePlacement, ...]] | None = None,
+    allocator: Callable[[Iterable[int]], PortAllocator] = PortAllocator,
 ) -> ClusterRecord:
     """`draft` with ports free on this machine and taken by no other cluster (and its `nodes`
-    records, placed on those ports), stored."""
+    records, placed on those ports), stored. A port a service's ingress declares is never
+    taken, bound or not: Ray holding it would keep that ingress from ever listening."""
     reserved = [port for other in records.list_clusters() for port in other.ports.all_ports()]
-    cluster = draft.with_changes(ports=PortAllocator(reserved).cluster(worker_nodes=config.worker_count()))
+    reserved += records.declared_ports()
+    cluster = draft.with_changes(ports=allocator(reserved).cluster(worker_nodes=config.worker_count()))
     if nodes is not None:
         cluster = cluster.with_changes(nodes=nodes(cluster, config))
     records.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown

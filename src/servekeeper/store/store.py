@@ -29,6 +29,7 @@ from typing import Any
 
 from servekeeper.model.hostpool import HostPoolRecord
 from servekeeper.model.records import ClusterRecord, Event, Revision, ServiceRecord
+from servekeeper.model.spec import ServiceSpec
 from servekeeper.store import clusters, facts, host_pools, revisions, services, submissions
 from servekeeper.store import events as event_log
 from servekeeper.store.schema import MIGRATIONS, SCHEMA_VERSION, apply_migration, schema_version
@@ -208,6 +209,15 @@ class Store:
 
     def list_services(self) -> list[ServiceRecord]:
         return services.list_services(self._connection())
+
+    def declared_ports(self) -> set[int]:
+        """The ports every service's ingress declares: its own even while nothing listens on
+        them yet (a first rollout binds them only once its cluster is ready)."""
+        return {
+            port
+            for service in self.list_services()
+            for port in ServiceSpec.model_validate_json(service.spec_json).spec.ingress.ports()
+        }
 
     def put_service(self, service: ServiceRecord) -> None:
         with self._writing() as db:
