@@ -80,7 +80,11 @@ def test_pending_clusters_that_cannot_come_up_fail_the_rollout_and_v1_keeps_serv
         assert any(cause in f"{failed['reason']}: {failed['message']}" for cause in causes), failed
         wait_until(lambda: [c["name"] for c in sk.clusters()] == [active], 60, "the failed cluster to go")
 
-    with Load(f"http://127.0.0.1:{port}/", clients=16) as load:
+    # Eight clients: the claim is that v1 keeps serving with nothing failed, not capacity (16 made
+    # each pending head start 3x slower on 2 cores). An app that cannot deploy (DEPLOY_FAILED, its
+    # message as the cause) is test_config_correctness's; a pending cluster's failure path is one
+    # for every cause (the planner's unit tests).
+    with Load(f"http://127.0.0.1:{port}/", clients=8) as load:
         wait_until(lambda: load.result.ok > 20, 30, "load to start")
         # A bad rayStartParam: `ray start` exits at once; its own error is the cause shown.
         bad_param = hello_spec("sturdy", port, head_cpus=2)
@@ -96,10 +100,6 @@ def test_pending_clusters_that_cannot_come_up_fail_the_rollout_and_v1_keeps_serv
             {"name": "cpu", "replicas": 1, "numCpus": 1, "rayStartParams": {"object-store-memory": "lots"}}
         ]
         fails(dying_worker, "WorkerDied")
-        # An app that cannot deploy (an import path that names no module; a constructor that raises
-        # takes the same path, DEPLOY_FAILED): Serve's own message (or its status) is the cause.
-        missing = hello_spec("sturdy", port, head_cpus=2, import_path="hello_missing:app")
-        fails(missing, "hello_missing", "DEPLOY_FAILED")
         assert sk.condition("sturdy", "Ready")["status"] == "True", "v1 still serves: the service stays Ready"
         # A port the pending cluster needs is taken: its Serve proxy cannot listen, so it never gets ready.
         taken = hello_spec("sturdy", port, head_cpus=2, readinessTimeoutSeconds=25)

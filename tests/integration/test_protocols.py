@@ -1,31 +1,24 @@
-"""WebSocket, server-sent events and gRPC through the Envoy ingress on real Ray clusters, and
-Envoy's own failures (a killed Envoy process, a killed daemon) under load.
-
-The app is `examples/protocols`; the Envoy kill uses the hello example.
-"""
+"""WebSocket, server-sent events and gRPC through the Envoy ingress on real Ray clusters (the app
+is `examples/protocols`). Envoy's own failures under load (a killed Envoy process restarted with
+its route, a killed daemon's Envoys adopted) are tests/dataplane/test_resilience.py's; a daemon
+killed under load on real Ray is test_crash_matrix.py's and test_standby.py's."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import statistics
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
-import psutil
 import pytest
 import yaml
 from ray.serve.generated import serve_pb2, serve_pb2_grpc
 from websockets.sync.client import ClientConnection, connect
 
-from servekeeper.testing.harness import REPO, Servekeeper, free_port, hello_spec, pid_alive, wait_until
-from servekeeper.testing.load import Load
+from servekeeper.testing.harness import REPO, Servekeeper, free_port, pid_alive, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -257,118 +250,3 @@ def test_grpc_through_the_ingress_across_an_upgrade_drops_nothing(sk: Servekeepe
 
 
 # -- Envoy killed under load ----------------------------------------------------------------------
-
-
-def _envoy_records(sk: Servekeeper) -> dict[int, dict[str, Any]]:
-    records = json.loads((sk.state_dir / "dataplane" / "processes.json").read_text())
-    return {int(r["index"]): r for r in records}
-
-
-def _envoy_pids(state_dir: Path) -> set[int]:
-    """Every live Envoy process of this state dir, found by command line (not by our records)."""
-    found = set()
-    for process in psutil.process_iter(["cmdline", "status"]):
-        cmdline = " ".join(process.info["cmdline"] or [])
-        if "envoy" in cmdline and str(state_dir) in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE:
-            found.add(process.pid)
-    return found
-
-
-def _admin(admin_port: int, path: str) -> str:
-    return httpx.get(f"http://127.0.0.1:{admin_port}{path}", timeout=2, trust_env=False).text
-
-
-def _live(admin_port: int) -> bool:
-    try:
-        return _admin(admin_port, "/ready").strip() == "LIVE"
-    except httpx.HTTPError:
-        return False  # not listening yet
-
-
-def _listener_stat(admin_port: int, service: str, stat: str) -> int:
-    """One statistic of the service's HTTP listener in one Envoy process (e.g. downstream_rq_active)."""
-    total = 0
-    for line in _admin(admin_port, f"/stats?filter=^http\\.http-{service}\\.{stat}$").splitlines():
-        _, _, value = line.partition(":")
-        total += int(value)
-    return total
-
-
-def _answers_on_new_connection(url: str) -> bool:
-    try:
-        with httpx.Client(timeout=2, trust_env=False) as client:
-            return client.get(url).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def test_envoy_killed_under_load_then_daemon_killed(sk: Servekeeper) -> None:
-    clients = 16
-    port = free_port()
-    sk.up()
-    sk.apply(hello_spec("edge", port))
-    assert sk.wait("edge") == 0
-    active = sk.get("edge")["activeCluster"]["name"]
-    url = f"http://127.0.0.1:{port}/"
-    records = _envoy_records(sk)
-    assert set(records) == {0, 1} and _envoy_pids(sk.state_dir) == {r["pid"] for r in records.values()}
-    victim = records[0]
-
-    with Load(url, clients=clients) as load:
-        wait_until(lambda: load.result.ok > 300, 30, "load to start")
-        assert load.result.failed == 0, dict(load.result.failures)
-
-        # 1. kill -9 of one Envoy process.
-        in_flight = _listener_stat(victim["admin_port"], "edge", "downstream_rq_active")
-        connections = _listener_stat(victim["admin_port"], "edge", "downstream_cx_active")
-        killed_at = time.time()
-        os.kill(victim["pid"], signal.SIGKILL)
-        wait_until(lambda: _answers_on_new_connection(url), 1, "an answer after the kill", interval=0.01)
-        back_after = time.time() - killed_at
-        wait_until(
-            lambda: _envoy_records(sk)[0]["pid"] != victim["pid"] and pid_alive(_envoy_records(sk)[0]["pid"]),
-            5,
-            "envoy-0 to be restarted",
-            interval=0.05,
-        )
-        restarted_after = time.time() - killed_at
-        reborn = _envoy_records(sk)[0]
-        wait_until(lambda: _live(reborn["admin_port"]), 5, "the new envoy-0 to be live", interval=0.05)
-        # It holds the current route, and takes its share of new connections.
-        config_dump = _admin(reborn["admin_port"], "/config_dump?resource=dynamic_route_configs")
-        assert '"http-edge"' in config_dump and f'"http-{active}"' in config_dump, config_dump[:2000]
-        time.sleep(2)  # every failure the kill can cause has happened by now
-        assert _listener_stat(reborn["admin_port"], "edge", "downstream_rq_total") > 0
-        kill_failures = dict(load.result.failures)
-        failed_after_kill = [t - killed_at for t, label in load.result.timeline if label not in ("v1", "v2")]
-
-        # 2. kill -9 of the daemon: Envoy serves on.
-        envoys = _envoy_pids(sk.state_dir)
-        sk.kill_controller()
-        ok_at_daemon_kill = load.result.ok
-        time.sleep(4)
-        ok_without_daemon = load.result.ok - ok_at_daemon_kill
-        failed_without_daemon = load.result.failed - sum(kill_failures.values())
-        sk.up()
-        assert sk.wait("edge") == 0
-        time.sleep(1)
-    result = load.result
-
-    print(
-        f"Envoy kill: {sum(kill_failures.values())} failed {kill_failures} (on it just before: {in_flight} "
-        f"requests in flight, {connections} connections), answered again after {back_after * 1000:.0f} ms, "
-        f"restarted after {restarted_after:.2f}s; "
-        f"daemon down 4 s: {ok_without_daemon} ok, {failed_without_daemon} failed; total {result.ok} ok"
-    )
-    # Only what the killed process had in flight can fail: at most one request per client.
-    assert sum(kill_failures.values()) <= clients, kill_failures
-    assert all(0 <= moment < 1 for moment in failed_after_kill), failed_after_kill
-    assert back_after < 1
-
-    assert failed_without_daemon == 0, dict(result.failures)
-    assert ok_without_daemon > 100
-    assert result.failed == sum(kill_failures.values()), dict(result.failures)
-    # The new daemon adopted the running Envoy processes: none started, none replaced.
-    assert _envoy_pids(sk.state_dir) == envoys
-    assert {r["pid"] for r in _envoy_records(sk).values()} == envoys
-    assert sk.get("edge")["activeCluster"]["name"] == active

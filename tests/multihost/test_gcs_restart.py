@@ -181,8 +181,7 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
         ready_at = time.time()
         time.sleep(3)
         result = load.stop()
-    oks = [when for when, label in result.timeline if when >= killed_at and not label.startswith(FAILURE_LABELS)]
-    longest_gap = max((b - a for a, b in zip([killed_at, *oks], oks, strict=False)), default=0.0)
+    longest_gap, client_stalled = result.longest_gap(killed_at)
     events = daemon.cli("events", NAME).stdout
     print(timeline(daemon, result, killed_at, head["temp_dir"], bucket=1))
     print("Envoy's view of the proxies (seconds after the kill):\n" + health.changes(killed_at))
@@ -194,7 +193,8 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
     print(
         f"head SIGKILLed with GCS in {backend} under {CLIENTS} clients: started again after "
         f"{restarted_at - killed_at:.1f}s; {result.failed} of {result.failed + result.ok} requests failed "
-        f"({dict(result.failures)}); longest time without an answer {longest_gap:.2f}s"
+        f"({dict(result.failures)}); longest time without an answer {longest_gap:.2f}s (the client's own loop "
+        f"stood still {client_stalled:.2f}s of it)"
     )
     assert daemon.api_get(NAME)["activeCluster"]["name"] == cluster, "the cluster was kept"
     assert [c["name"] for c in daemon.clusters()] == [cluster], "no new cluster"
@@ -213,9 +213,12 @@ def kill_head_and_check(daemon: Servekeeper, cluster: str, backend: str, port: i
     # touches no request: 0 failed of ~3,000, 0.23-0.30 s at most without an answer in the three
     # runs since (7.7-16.2 s in 5 of 9 runs before: a head started again held every request Envoy
     # sent it until Serve's controller had recovered). The bounds: at most one second
-    # without an answer, failed at most those in flight (one per closed-loop client).
+    # without an answer, failed at most those in flight (one per closed-loop client). A CI run saw
+    # 1.82 s once, with nothing failed: the time the test's own client stood still (a starved
+    # process on the loaded 2-core machine, measured by its loop's lateness) is not the server's.
     assert result.failed <= CLIENTS, result.failures
-    assert longest_gap <= 1, f"{longest_gap:.2f}s without an answer"
+    unexplained = longest_gap - client_stalled
+    assert unexplained <= 1, f"{longest_gap:.2f}s without an answer ({client_stalled:.2f}s the client's own stall)"
     assert result.by_method["POST"] > 0
 
 

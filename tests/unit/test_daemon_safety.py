@@ -54,6 +54,18 @@ def test_commands_say_clearly_when_no_daemon_runs(tmp_path: Path) -> None:
     assert "servekeeper up --detach" in result.stderr
 
 
+def test_commands_other_than_up_leave_the_daemon_unloaded() -> None:
+    """The daemon (FastAPI, the controller, every provider) more than doubled each command's
+    start-up; only `up` needs it."""
+    probe = (
+        "import sys; from servekeeper.cli.main import app; "
+        "print(sorted(m for m in ('servekeeper.daemon', 'fastapi', 'servekeeper.controller.loop') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
+
+
 def test_an_invalid_file_is_rejected_locally_with_every_problem(tmp_path: Path) -> None:
     spec = tmp_path / "bad.yaml"
     spec.write_text("apiVersion: servekeeper/v1alpha1\nkind: RayService\nmetadata: {name: Bad_Name}\nspec: {}\n")

@@ -261,3 +261,24 @@ def test_stop_gives_up_on_requests_that_hang_and_counts_them_abandoned(run_load:
         assert time.monotonic() - started < 2
     assert result.abandoned == 4
     assert result.failed == 0 and result.ok == 0
+
+
+def test_the_longest_gap_counts_only_answers_and_tells_the_clients_own_stall() -> None:
+    result = LoadResult(bodies=collections.Counter({"v1": 3}))
+    result.timeline = [(10.2, "v1"), (10.5, "reset: ReadError"), (12.0, "v1"), (12.1, "v1")]
+    result.stalls = [(11.0, 0.4), (20.0, 1.0)]  # 10.6-11.0 inside the gap, 19-20 after it
+    assert result.longest_gap(10.0) == pytest.approx((1.8, 0.4))
+    assert result.longest_gap(10.0, 13.0) == pytest.approx((1.8, 0.4))
+    gap, stalled = result.longest_gap(12.05, 14.0)  # from the last answer to the window's end
+    assert gap == pytest.approx(1.9) and stalled == 0.0
+
+
+def test_a_stall_of_the_clients_own_loop_is_recorded(run_load: list[Load]) -> None:
+    load = Load(f"http://127.0.0.1:{PortAllocator().one()}/", clients=1)  # refused: nothing to wait on
+    run_load.append(load)
+    with load:
+        time.sleep(0.3)
+        assert load._loop is not None
+        load._loop.call_soon_threadsafe(time.sleep, 0.6)  # the loop's thread stands still, as if starved
+        time.sleep(1.0)
+    assert len(load.result.stalls) == 1 and 0.5 < load.result.stalls[0][1] < 1.0, load.result.stalls

@@ -13,7 +13,6 @@ import typer
 from servekeeper.cli import common
 from servekeeper.cli.common import StateDir
 from servekeeper.client import Client, ServekeeperError, read_api_info
-from servekeeper.daemon import DaemonError, configure_logging, run_daemon, start_detached
 from servekeeper.store.store import StoreError
 
 
@@ -43,6 +42,11 @@ def up(
         extra += ["--log-format", log_format] + ([] if metrics_port is None else ["--metrics-port", str(metrics_port)])
         _start_detached(directory, extra)
         return
+    # The daemon (FastAPI, the controller, every provider) is imported by `up` alone: every other
+    # command starts in a third of the time without it (tests and scripts call the CLI hundreds of
+    # times; a busy machine made each call seconds).
+    from servekeeper.daemon import DaemonError, configure_logging, run_daemon
+
     configure_logging(log_format)
     try:
         asyncio.run(run_daemon(directory, api_host, api_port, allow_remote, metrics_port))
@@ -52,6 +56,8 @@ def up(
 
 
 def _start_detached(directory: Path, extra: list[str]) -> None:
+    from servekeeper.daemon import DaemonError, start_detached
+
     info = read_api_info(directory)
     if info is not None and _api_answers(directory):
         common.console.print(f"servekeeper already running (pid {info['pid']}), API {info['url']}")

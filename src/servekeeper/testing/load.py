@@ -28,6 +28,9 @@ class LoadResult:
     by_method: collections.Counter[str] = field(default_factory=collections.Counter)  # ok answers: GET, POST
     # requests still in flight when stop() gave up waiting: cancelled, neither ok nor failed
     abandoned: int = 0
+    # (time, seconds) of each stall of the clients' own event loop past STALL_S: a gap between
+    # answers that overlaps one may be the client's (a starved or paused process), not the server's
+    stalls: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def failed(self) -> int:
@@ -36,8 +39,22 @@ class LoadResult:
     def failed_of_kind(self, kind: str) -> int:
         return sum(n for key, n in self.failures.items() if key.split(":")[0] == kind)
 
+    def longest_gap(self, start: float, end: float | None = None) -> tuple[float, float]:
+        """The longest time from `start` to `end` (default: the last answer) without an answered
+        request, and how much of that time the clients' own loop stood still (the client's doing:
+        a starved test process, not the server's)."""
+        answered = sorted(when for when, label in self.timeline if label in self.bodies and when >= start)
+        edges = [start, *(when for when in answered if end is None or when <= end)]
+        if end is not None:
+            edges.append(end)
+        gap, earlier, later = max(((b - a, a, b) for a, b in zip(edges, edges[1:], strict=False)), default=(0.0, 0, 0))
+        stalled = sum(max(0.0, min(at, later) - max(at - late, earlier)) for at, late in self.stalls)
+        return gap, stalled
+
 
 _BODY_ALPHABET = string.ascii_letters + string.digits + " \n"
+STALL_TICK_S = 0.05
+STALL_S = 0.25
 
 
 def _failure_key(exc: BaseException) -> str:
@@ -116,11 +133,19 @@ class Load:
             self._client(self.urls[i % len(self.urls)], self._new_connection_client(i), random.Random(i))
             for i in range(self.clients)
         ]
-        self._main = asyncio.gather(*clients)
+        self._main = asyncio.gather(*clients, self._watch_stalls())
         try:
             await self._main
         except asyncio.CancelledError:
             pass  # stop() ran out of patience; each client counted its abandoned request
+
+    async def _watch_stalls(self) -> None:
+        while not self._stop.is_set():
+            before = time.monotonic()
+            await asyncio.sleep(STALL_TICK_S)
+            late = time.monotonic() - before - STALL_TICK_S
+            if late > STALL_S:
+                self.result.stalls.append((time.time(), late))
 
     async def _client(self, url: str, new_connection: bool, rng: random.Random) -> None:
         keepalive = 0 if new_connection else 1
