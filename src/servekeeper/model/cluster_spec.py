@@ -101,7 +101,26 @@ class HeadGroupSpec(StrictModel):
 
 class WorkerGroupSpec(HeadGroupSpec):
     name: str
+    # The node count a cluster starts with; with enableInTreeAutoscaling, Ray's autoscaler then
+    # moves it between minReplicas and maxReplicas (unset: replicas, KubeRay's names and defaults).
     replicas: int = Field(default=1, ge=0, le=64)
+    minReplicas: int | None = Field(default=None, ge=0, le=64)
+    maxReplicas: int | None = Field(default=None, ge=0, le=64)
+
+    def min_nodes(self) -> int:
+        return self.replicas if self.minReplicas is None else self.minReplicas
+
+    def max_nodes(self) -> int:
+        return self.replicas if self.maxReplicas is None else self.maxReplicas
+
+    @model_validator(mode="after")
+    def _replicas_within_bounds(self) -> WorkerGroupSpec:
+        if not self.min_nodes() <= self.replicas <= self.max_nodes():
+            raise ValueError(
+                f"replicas ({self.replicas}) must lie within minReplicas ({self.min_nodes()}) "
+                f"and maxReplicas ({self.max_nodes()})"
+            )
+        return self
 
     @field_validator("name")
     @classmethod
@@ -189,6 +208,15 @@ class GcsFaultToleranceSpec(StrictModel):
         return shape
 
 
+class AutoscalerOptionsSpec(StrictModel):
+    """Ray's autoscaler for the cluster, under KubeRay's names."""
+
+    # A worker node idle this long is removed (down to its group's minReplicas).
+    idleTimeoutSeconds: float = Field(default=60, ge=0, le=86400)
+    # Conservative: at most as many nodes pending as the cluster has; Default and Aggressive: no limit.
+    upscalingMode: Literal["Default", "Aggressive", "Conservative"] = "Default"
+
+
 class RayClusterConfigSpec(StrictModel):
     # The HostPool whose machines run the nodes, over SSH (None: this machine, the embedded default).
     hostPool: str | None = None
@@ -204,6 +232,9 @@ class RayClusterConfigSpec(StrictModel):
     rayVersion: str | None = Field(default=None, pattern=RAY_VERSION.pattern)
     pythonVersion: str | None = Field(default=None, pattern=PYTHON_VERSION.pattern)
     pip: list[str] = Field(default_factory=list, max_length=200)
+    # Ray's own autoscaler adds and removes worker nodes between each group's bounds.
+    enableInTreeAutoscaling: bool = False
+    autoscalerOptions: AutoscalerOptionsSpec | None = None
 
     def worker_count(self) -> int:
         return sum(group.replicas for group in self.workerGroups)
@@ -249,6 +280,20 @@ class RayClusterConfigSpec(StrictModel):
             owned = sorted(key for key in group.env if key in GCS_FT_ENV)
             if owned:
                 raise ValueError(f"env {owned} is set by servekeeper when gcsFaultTolerance is on")
+        return self
+
+    @model_validator(mode="after")
+    def _bounds_need_the_autoscaler(self) -> RayClusterConfigSpec:
+        if self.enableInTreeAutoscaling:
+            return self
+        if self.autoscalerOptions is not None:
+            raise ValueError("autoscalerOptions needs enableInTreeAutoscaling: true")
+        for group in self.workerGroups:
+            if group.min_nodes() != group.max_nodes():
+                raise ValueError(
+                    f"workerGroup {group.name!r}: minReplicas and maxReplicas differ, which needs "
+                    "enableInTreeAutoscaling: true (without it a group has replicas nodes)"
+                )
         return self
 
     @model_validator(mode="after")

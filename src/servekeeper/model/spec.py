@@ -225,10 +225,11 @@ class ServiceSpec(StrictModel):
         # Fields added later hash as if absent while unset: a stored spec keeps its hash, so an
         # upgrade of servekeeper never replaces a running cluster.
         for group in [shape["head"], *shape["workerGroups"]]:
-            for key in ("numGpus", "memory", "host"):
+            for key in ("numGpus", "memory", "host", "minReplicas", "maxReplicas"):
                 if group.get(key) is None:
                     group.pop(key, None)
-        for key in ("hostPool", "gcsFaultTolerance", "rayVersion", "pythonVersion", "pip"):
+        keys = ("hostPool", "gcsFaultTolerance", "rayVersion", "pythonVersion", "pip")
+        for key in (*keys, "enableInTreeAutoscaling", "autoscalerOptions"):
             if not shape.get(key):
                 shape.pop(key, None)
         if self.spec.rayClusterConfig.gcsFaultTolerance is not None:

@@ -1,0 +1,94 @@
+"""Ray's own autoscaler for a cluster (issue 22): the config its monitor reads on the head.
+
+Ray decides; servekeeper provides the nodes. The head is started with `--autoscaling-config`
+naming this config, whose provider is servekeeper's node provider module (`type: external`): the
+monitor asks it for nodes, and it asks the controller, which places and starts them like any node.
+
+Every node of a cluster on one machine has the same address, so nodes are told apart as Ray on
+Spark does (`use_node_id_as_ip`): each is started with a custom resource holding its node id,
+which Ray's monitor reads to map a Ray node to the provider's (measured on Ray 2.60:
+../shared/DESIGN.md, "Node autoscaling on one machine"). A cluster on a host pool is addressed the
+same way, so one provider serves both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servekeeper.model.cluster_spec import AutoscalerOptionsSpec, HeadGroupSpec, RayClusterConfigSpec
+
+HEAD_NODE_TYPE = "head"
+HEAD_NODE_ID = 0
+NODE_ID_RESOURCE = "NODE_ID_AS_RESOURCE"  # the name Ray's monitor reads
+# What Ray's v1 config schema requires of every cluster config, though none of it applies to
+# nodes that servekeeper starts (the keys of Ray's own autoscaler/spark/defaults.yaml).
+UNUSED_SECTIONS: dict[str, Any] = {
+    "auth": {},
+    "docker": {},
+    "initialization_commands": [],
+    "setup_commands": [],
+    "head_setup_commands": [],
+    "worker_setup_commands": [],
+    "head_start_ray_commands": [],
+    "worker_start_ray_commands": [],
+    "file_mounts": {},
+    "cluster_synced_files": [],
+    "file_mounts_sync_continuously": False,
+    "rsync_exclude": [],
+    "rsync_filter": [],
+}
+# KubeRay's translation of upscalingMode (ray/autoscaler/_private/kuberay/autoscaling_config.py):
+# Conservative keeps the pending nodes at most the cluster's size; the others do not limit.
+UPSCALING_SPEED = {"Conservative": 1.0, "Default": 1000.0, "Aggressive": 1000.0}
+
+
+def node_resources(group: HeadGroupSpec) -> dict[str, float]:
+    """What a node of `group` offers Ray's scheduler, as `ray start` is told it."""
+    resources: dict[str, float] = {"CPU": group.numCpus}
+    if group.numGpus is not None:
+        resources["GPU"] = group.numGpus
+    if group.memory is not None:
+        resources["memory"] = group.memory
+    return resources
+
+
+def node_id_resource(node_id: int) -> dict[str, int]:
+    """The custom resource a node is started with, by which the monitor knows it."""
+    return {NODE_ID_RESOURCE: node_id}
+
+
+def autoscaling_config(cluster: str, config: RayClusterConfigSpec, provider: dict[str, Any]) -> dict[str, Any]:
+    """Ray's autoscaling config for `cluster`. `provider` is what the node provider module needs
+    to reach the controller (its address, the cluster, where its token is); the keys Ray reads
+    are set here."""
+    options = config.autoscalerOptions or AutoscalerOptionsSpec()
+    node_types: dict[str, Any] = {
+        HEAD_NODE_TYPE: {
+            "resources": {**node_resources(config.head), **node_id_resource(HEAD_NODE_ID)},
+            "node_config": {},
+            "max_workers": 0,
+        }
+    }
+    for group in config.workerGroups:
+        node_types[group.name] = {
+            "resources": node_resources(group),
+            "node_config": {},
+            "min_workers": group.min_nodes(),
+            "max_workers": group.max_nodes(),
+        }
+    return {
+        "cluster_name": cluster,
+        "max_workers": sum(group.max_nodes() for group in config.workerGroups),
+        "upscaling_speed": UPSCALING_SPEED[options.upscalingMode],
+        "idle_timeout_minutes": options.idleTimeoutSeconds / 60,
+        "provider": {
+            **provider,
+            "type": "external",
+            "use_node_id_as_ip": True,
+            "disable_node_updaters": True,
+            "disable_launch_config_check": True,
+        },
+        "available_node_types": node_types,
+        "head_node_type": HEAD_NODE_TYPE,
+        **UNUSED_SECTIONS,
+    }

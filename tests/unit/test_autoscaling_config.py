@@ -1,0 +1,100 @@
+"""Node autoscaling (issue 22), its pure part: the spec's bounds under KubeRay's names, refused
+by field when they cannot hold, hashed as absent while unset; and the config Ray's monitor reads,
+in the shape the spike ran on Ray 2.60 (../shared/DESIGN.md)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from servekeeper.model.spec import SpecError, parse_spec
+from servekeeper.providers.autoscaling import NODE_ID_RESOURCE, autoscaling_config, node_id_resource
+from tests.unit.test_spec import VALID
+
+
+def document(config: dict[str, Any]) -> dict[str, Any]:
+    changed = copy.deepcopy(VALID)
+    changed["spec"]["rayClusterConfig"].update(config)
+    return changed
+
+
+AUTOSCALED = {
+    "enableInTreeAutoscaling": True,
+    "autoscalerOptions": {"idleTimeoutSeconds": 30, "upscalingMode": "Conservative"},
+    "head": {"numCpus": 0},
+    "workerGroups": [
+        {"name": "cpu", "replicas": 1, "minReplicas": 0, "maxReplicas": 3, "numCpus": 1},
+        {"name": "gpu", "replicas": 0, "maxReplicas": 2, "numCpus": 4, "numGpus": 1, "memory": 2**30},
+    ],
+}
+
+
+def problems_of(config: dict[str, Any]) -> str:
+    with pytest.raises(SpecError) as raised:
+        parse_spec(document(config))
+    return "\n".join(raised.value.problems)
+
+
+def test_bounds_are_kuberays_names_and_default_to_replicas() -> None:
+    config = parse_spec(document(AUTOSCALED)).spec.rayClusterConfig
+    cpu, gpu = config.workerGroups
+    assert (cpu.min_nodes(), cpu.replicas, cpu.max_nodes()) == (0, 1, 3)
+    assert (gpu.min_nodes(), gpu.replicas, gpu.max_nodes()) == (0, 0, 2)  # minReplicas unset: replicas
+    fixed = parse_spec(VALID).spec.rayClusterConfig.workerGroups[0]
+    assert (fixed.min_nodes(), fixed.max_nodes()) == (1, 1)
+
+
+def test_replicas_outside_the_bounds_are_refused_naming_the_group() -> None:
+    group = {"name": "cpu", "replicas": 4, "minReplicas": 0, "maxReplicas": 3}
+    problem = problems_of({"enableInTreeAutoscaling": True, "workerGroups": [group]})
+    assert "workerGroups.0" in problem and "replicas (4) must lie within minReplicas (0) and maxReplicas (3)" in problem
+
+
+def test_bounds_or_options_without_the_autoscaler_are_refused() -> None:
+    group = {"name": "cpu", "replicas": 1, "maxReplicas": 3}
+    assert "needs enableInTreeAutoscaling: true" in problems_of({"workerGroups": [group]})
+    options = {"autoscalerOptions": {"idleTimeoutSeconds": 5}}
+    assert "autoscalerOptions needs enableInTreeAutoscaling: true" in problems_of(options)
+    # equal bounds say what replicas says: KubeRay's export writes them so
+    pinned = {"name": "cpu", "replicas": 2, "minReplicas": 2, "maxReplicas": 2}
+    assert parse_spec(document({"workerGroups": [pinned]})).spec.rayClusterConfig.worker_count() == 2
+
+
+def test_unset_autoscaling_fields_keep_a_stored_specs_hash() -> None:
+    # the value the code computed before these fields existed (test_pool_placement pins another)
+    assert parse_spec(VALID).cluster_spec_hash() == parse_spec(document({})).cluster_spec_hash()
+    before = parse_spec(VALID).cluster_spec_hash()
+    on = parse_spec(document({"enableInTreeAutoscaling": True})).cluster_spec_hash()
+    assert on != before
+
+
+def test_the_monitors_config_has_each_group_as_a_node_type_within_its_bounds() -> None:
+    config = parse_spec(document(AUTOSCALED)).spec.rayClusterConfig
+    rendered = autoscaling_config("svc-g1-abc", config, {"module": "servekeeper_node_provider.NodeProvider"})
+    assert rendered["cluster_name"] == "svc-g1-abc"
+    assert rendered["max_workers"] == 5
+    assert rendered["idle_timeout_minutes"] == 0.5
+    assert rendered["upscaling_speed"] == 1.0  # Conservative, as KubeRay translates it
+    assert rendered["provider"] == {
+        "module": "servekeeper_node_provider.NodeProvider",
+        "type": "external",
+        "use_node_id_as_ip": True,  # every node of one machine has the same address
+        "disable_node_updaters": True,
+        "disable_launch_config_check": True,
+    }
+    types = rendered["available_node_types"]
+    assert rendered["head_node_type"] == "head"
+    assert types["head"] == {"resources": {"CPU": 0, NODE_ID_RESOURCE: 0}, "node_config": {}, "max_workers": 0}
+    assert types["cpu"] == {"resources": {"CPU": 1}, "node_config": {}, "min_workers": 0, "max_workers": 3}
+    assert types["gpu"]["resources"] == {"CPU": 4, "GPU": 1, "memory": 2**30}
+    assert (types["gpu"]["min_workers"], types["gpu"]["max_workers"]) == (0, 2)
+    assert rendered["setup_commands"] == [] and rendered["auth"] == {}  # the schema's, unused
+
+
+def test_default_options_are_kuberays() -> None:
+    config = parse_spec(document({"enableInTreeAutoscaling": True})).spec.rayClusterConfig
+    rendered = autoscaling_config("c", config, {})
+    assert rendered["idle_timeout_minutes"] == 1.0 and rendered["upscaling_speed"] == 1000.0
+    assert node_id_resource(7) == {NODE_ID_RESOURCE: 7}
