@@ -8,9 +8,12 @@ import copy
 from typing import Any
 
 import pytest
+import yaml
 
 from servekeeper.model.spec import SpecError, parse_spec
 from servekeeper.providers.autoscaling import NODE_ID_RESOURCE, autoscaling_config, node_id_resource
+from tests.unit.test_kuberay_export import roundtrip
+from tests.unit.test_kuberay_import import head, minimal, notes, run_import
 from tests.unit.test_spec import VALID
 
 
@@ -98,3 +101,63 @@ def test_default_options_are_kuberays() -> None:
     rendered = autoscaling_config("c", config, {})
     assert rendered["idle_timeout_minutes"] == 1.0 and rendered["upscaling_speed"] == 1000.0
     assert node_id_resource(7) == {NODE_ID_RESOURCE: 7}
+
+
+# -- KubeRay's names, imported unchanged --------------------------------------------------------
+
+WORKER_PATH = "spec.rayClusterConfig.workerGroupSpecs[0]"
+
+
+def kuberay_with_workers(**fields: Any) -> dict[str, Any]:
+    manifest = minimal()
+    worker = copy.deepcopy(head(manifest))
+    worker.update({"groupName": "cpu", **fields})
+    manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"] = [worker]
+    return manifest
+
+
+def test_kuberay_autoscaling_is_imported_with_its_bounds_and_options() -> None:
+    manifest = kuberay_with_workers(replicas=1, minReplicas=0, maxReplicas=4)
+    options = {"idleTimeoutSeconds": 30, "upscalingMode": "Conservative", "image": "rayproject/ray:2.52.0"}
+    manifest["spec"]["rayClusterConfig"].update(enableInTreeAutoscaling=True, autoscalerOptions=options)
+    result = run_import([manifest])
+    config = result.spec.spec.rayClusterConfig
+    assert config.enableInTreeAutoscaling is True
+    assert config.autoscalerOptions is not None
+    assert (config.autoscalerOptions.idleTimeoutSeconds, config.autoscalerOptions.upscalingMode) == (30, "Conservative")
+    (group,) = config.workerGroups
+    assert (group.minReplicas, group.replicas, group.maxReplicas) == (0, 1, 4)
+    # the autoscaler's container options do not apply: it runs on the head
+    assert notes(result) == {("ignored", "spec.rayClusterConfig.autoscalerOptions.image")}
+
+
+def test_kuberay_replicas_outside_the_bounds_are_kept_within_them_as_kuberay_does() -> None:
+    manifest = kuberay_with_workers(replicas=9, minReplicas=1, maxReplicas=3)
+    manifest["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] = True
+    result = run_import([manifest])
+    (group,) = result.spec.spec.rayClusterConfig.workerGroups
+    assert (group.minReplicas, group.replicas, group.maxReplicas) == (1, 3, 3)
+    assert ("changed", f"{WORKER_PATH}.replicas") in notes(result)
+
+
+def test_kuberay_bounds_without_autoscaling_give_fixed_nodes_as_before() -> None:
+    result = run_import([kuberay_with_workers(replicas=1, minReplicas=2, maxReplicas=5)])
+    (group,) = result.spec.spec.rayClusterConfig.workerGroups
+    assert (group.replicas, group.minReplicas, group.maxReplicas) == (2, None, None)
+    assert ("ignored", f"{WORKER_PATH}.maxReplicas") in notes(result)
+
+
+def test_autoscaling_round_trips_through_a_kuberay_manifest_valid_for_its_crd() -> None:
+    spec = parse_spec(document(AUTOSCALED))
+    groups = [
+        group.model_copy(update={"minReplicas": group.min_nodes()}) for group in spec.spec.rayClusterConfig.workerGroups
+    ]
+    config = spec.spec.rayClusterConfig.model_copy(update={"workerGroups": groups})
+    spec = spec.model_copy(update={"spec": spec.spec.model_copy(update={"rayClusterConfig": config})})
+    text, back = roundtrip(spec)  # validated against KubeRay's CRD on the way
+    assert back == spec
+    cluster = yaml.safe_load(text)["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["autoscalerOptions"] == {"idleTimeoutSeconds": 30, "upscalingMode": "Conservative"}
+    bounds = [(g["minReplicas"], g["replicas"], g["maxReplicas"]) for g in cluster["workerGroupSpecs"]]
+    assert bounds == [(0, 1, 3), (0, 0, 2)]

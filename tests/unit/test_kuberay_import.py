@@ -499,6 +499,7 @@ IGNORED = [
         "spec.rayClusterConfig.headServiceAnnotations",
         lambda d: d["spec"]["rayClusterConfig"].update(headServiceAnnotations={"a": "b"}),
     ),
+    ("spec.rayClusterConfig.autoscalerOptions", lambda d: cluster(d).update(autoscalerOptions={"upscalingMode": "x"})),
     (f"{HEAD_PATH}.serviceType", lambda d: head_group(d).update(serviceType="NodePort")),
     (f"{HEAD_PATH}.enableIngress", lambda d: head_group(d).update(enableIngress=True)),
     (f"{HEAD_PATH}.template.spec.tolerations", lambda d: pod(d).update(tolerations=[{"key": "k"}])),
@@ -511,8 +512,6 @@ IGNORED = [
     (f"{CONTAINER_PATH}.volumeMounts", lambda d: container(d).update(volumeMounts=[])),
 ]
 REFUSED = [
-    ("spec.rayClusterConfig.enableInTreeAutoscaling", lambda d: cluster(d).update(enableInTreeAutoscaling=True)),
-    ("spec.rayClusterConfig.autoscalerOptions", lambda d: cluster(d).update(autoscalerOptions={})),
     (
         "spec.rayClusterConfig.gcsFaultToleranceOptions",
         lambda d: cluster(d).update(gcsFaultToleranceOptions={"redisAddress": "redis:6379"}),

@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from servekeeper.kuberay.autoscaling import autoscaling_fields, worker_nodes
 from servekeeper.kuberay.fields import (
     CONTAINER_FIELD_REASONS,
     GCS_FT_OPTIONS,
@@ -68,6 +69,7 @@ class ClusterTranslation:
                 f"{path}.suspend", "suspending is not available; remove it, or run: servekeeper delete NAME"
             )
         known = {"rayVersion", "headGroupSpec", "workerGroupSpecs", "suspend", GCS_FT_OPTIONS}
+        known |= {"enableInTreeAutoscaling", "autoscalerOptions"}
         known |= set(REFUSED_CLUSTER_FIELDS) | set(IGNORED_CLUSTER_FIELDS)
         for key in sorted(set(cluster) - known):
             self.findings.note(NoteKind.IGNORED, f"{path}.{key}", "not known to servekeeper")
@@ -83,6 +85,8 @@ class ClusterTranslation:
         if "headGroupSpec" not in cluster:
             self.findings.refuse(f"{path}.headGroupSpec", "required")
         config["head"] = self.group(f"{path}.headGroupSpec", "head", head, IGNORED_HEAD_FIELDS)
+        autoscaling = autoscaling_fields(self.findings, path, cluster)
+        config.update(autoscaling)
         workers = []
         for index, worker in enumerate(as_list(cluster.get("workerGroupSpecs"))):
             worker_path = f"{path}.workerGroupSpecs[{index}]"
@@ -90,7 +94,7 @@ class ClusterTranslation:
             name = worker.get("groupName")
             group = self.group(worker_path, str(name), worker, IGNORED_WORKER_FIELDS)
             group["name"] = name
-            group["replicas"] = self.worker_count(worker_path, worker)
+            group.update(worker_nodes(self.findings, worker_path, worker, bool(autoscaling)))
             workers.append(group)
         if workers:
             config["workerGroups"] = workers
@@ -194,28 +198,6 @@ class ClusterTranslation:
             )
             return None
         return posixpath.normpath(posixpath.join(self.base_dir, directory))
-
-    def worker_count(self, path: str, worker: dict[str, Any]) -> Any:
-        replicas = worker.get("replicas")
-        minimum = worker.get("minReplicas")
-        if not all(isinstance(v, int) or v is None for v in (replicas, minimum)):
-            self.findings.refuse(f"{path}.replicas", "replicas and minReplicas must be integers")
-            return 0
-        count = max(replicas or 0, minimum or 0)
-        hosts = worker.get("numOfHosts")
-        if isinstance(hosts, int) and hosts > 1:
-            self.findings.note(
-                NoteKind.CHANGED, f"{path}.numOfHosts", f"{hosts} hosts per replica: {count * hosts} nodes"
-            )
-            count *= hosts
-        maximum = worker.get("maxReplicas")
-        if maximum is not None and maximum != count:
-            self.findings.note(
-                NoteKind.IGNORED, f"{path}.maxReplicas", f"no autoscaling on this provider: {count} node(s)"
-            )
-        if worker.get("suspend"):
-            self.findings.refuse(f"{path}.suspend", "suspending a worker group is not available; set replicas: 0")
-        return count
 
     # -- groups -------------------------------------------------------------------------
 

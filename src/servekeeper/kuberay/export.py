@@ -186,9 +186,7 @@ def _cluster_config(
         "rayVersion": ray_version,
         "headGroupSpec": {
             "rayStartParams": _start_params(config.head),
-            "template": _pod_template(
-                "ray-head", config.head, image, _refs(secret_refs, "head", config.head, secrets)
-            ),
+            "template": _pod_template("ray-head", config.head, image, _refs(secret_refs, "head", config.head, secrets)),
         },
     }
     if config.workerGroups:
@@ -196,15 +194,17 @@ def _cluster_config(
             {
                 "groupName": group.name,
                 "replicas": group.replicas,
-                "minReplicas": group.replicas,
-                "maxReplicas": group.replicas,
+                "minReplicas": group.min_nodes(),
+                "maxReplicas": group.max_nodes(),
                 "rayStartParams": _start_params(group),
-                "template": _pod_template(
-                    "ray-worker", group, image, _refs(secret_refs, group.name, group, secrets)
-                ),
+                "template": _pod_template("ray-worker", group, image, _refs(secret_refs, group.name, group, secrets)),
             }
             for group in config.workerGroups
         ]
+    if config.enableInTreeAutoscaling:
+        cluster["enableInTreeAutoscaling"] = True
+        if config.autoscalerOptions is not None:
+            cluster["autoscalerOptions"] = config.autoscalerOptions.model_dump(mode="json")
     if config.gcsFaultTolerance is not None:
         cluster["gcsFaultToleranceOptions"] = _fault_tolerance_options(config)
     return cluster
@@ -367,9 +367,7 @@ def _param_text(value: StartParamValue) -> str:
     return str(value)
 
 
-def _pod_template(
-    container_name: str, group: HeadGroupSpec, image: str, refs: dict[str, SecretRef]
-) -> dict[str, Any]:
+def _pod_template(container_name: str, group: HeadGroupSpec, image: str, refs: dict[str, SecretRef]) -> dict[str, Any]:
     resources: dict[str, str] = {"cpu": str(max(1, math.ceil(group.numCpus)))}
     if group.memory is not None:
         resources["memory"] = format_memory(group.memory)

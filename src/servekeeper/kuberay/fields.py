@@ -65,10 +65,6 @@ IGNORED_CLUSTER_FIELDS = {
     "upgradeStrategy": "RayCluster upgrades are driven by the RayService's upgradeStrategy here",
 }
 REFUSED_CLUSTER_FIELDS = {
-    "enableInTreeAutoscaling": "autoscaling is not available on this provider; remove it and size the "
-    "worker groups with replicas",
-    "autoscalerOptions": "autoscaling is not available on this provider; remove it and size the worker "
-    "groups with replicas",
     "authOptions": "authentication of managed clusters is servekeeper's (they bind to 127.0.0.1); remove it",
     "networkPolicy": "there are no Kubernetes network policies here: managed clusters bind to 127.0.0.1; remove it",
     "managedBy": "servekeeper manages this service; remove managedBy",

@@ -212,7 +212,7 @@ class AutoscalerOptionsSpec(StrictModel):
     """Ray's autoscaler for the cluster, under KubeRay's names."""
 
     # A worker node idle this long is removed (down to its group's minReplicas).
-    idleTimeoutSeconds: float = Field(default=60, ge=0, le=86400)
+    idleTimeoutSeconds: int = Field(default=60, ge=0, le=86400)  # an int32 in KubeRay
     # Conservative: at most as many nodes pending as the cluster has; Default and Aggressive: no limit.
     upscalingMode: Literal["Default", "Aggressive", "Conservative"] = "Default"
 
