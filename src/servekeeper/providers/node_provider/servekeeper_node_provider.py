@@ -1,0 +1,132 @@
+"""Ray's autoscaler asks servekeeper for nodes through this module (issue 22).
+
+It runs inside Ray's monitor on a cluster's head, in that cluster's own environment (any Ray
+from 2.46, Python 3.10+), so it imports nothing of servekeeper: only Ray and the standard
+library. Ray loads it from the autoscaling config (`provider: {type: external, module:
+servekeeper_node_provider.NodeProvider}`); the head is started with its folder on PYTHONPATH.
+
+Every decision stays with Ray's autoscaler, and every node with the controller: this class only
+relays. The controller records a node before starting it, places it like any node and stops it
+when released, so a monitor that restarts, or a controller that crashes mid-launch, loses no
+node and starts none twice. Its API (token scoped to this cluster's nodes, read from a file on
+the head, never from argv or the config):
+
+    GET    /api/v1/clusters/<cluster>/nodes            -> {"nodes": [{"id", "type", "status", "tags"}]}
+    POST   /api/v1/clusters/<cluster>/nodes            {"type", "count", "tags"} -> {"ids": [...]}
+    POST   /api/v1/clusters/<cluster>/nodes/<id>/tags  {"tags"}
+    DELETE /api/v1/clusters/<cluster>/nodes/<id>
+
+A node's id is the integer its Ray node carries as its NODE_ID_AS_RESOURCE resource: Ray's
+monitor maps the two through it (`use_node_id_as_ip`), every node of one machine having the
+same address."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from typing import Any
+
+from ray.autoscaler.node_launch_exception import NodeLaunchException
+from ray.autoscaler.node_provider import NodeProvider as RayNodeProvider
+from ray.autoscaler.tags import STATUS_SETTING_UP, STATUS_UP_TO_DATE, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
+
+REQUEST_TIMEOUT_SECONDS = 10
+
+
+class NodeProvider(RayNodeProvider):
+    def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
+        super().__init__(provider_config, cluster_name)
+        self._lock = threading.RLock()
+        self._url = (
+            f"{provider_config['servekeeper_url'].rstrip('/')}/api/v1/clusters/{provider_config['cluster']}/nodes"
+        )
+        self._token_file = str(provider_config["token_file"])
+        self._nodes: dict[str, dict[str, Any]] = {}
+
+    def _call(self, method: str, path: str = "", body: dict[str, Any] | None = None) -> Any:
+        with open(self._token_file, encoding="utf-8") as handle:
+            token = handle.read().strip()
+        request = urllib.request.Request(
+            self._url + path,
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS) as response:
+            payload = response.read()
+        return json.loads(payload) if payload else None
+
+    def _refresh(self) -> None:
+        nodes = {}
+        for node in self._call("GET")["nodes"]:
+            tags = dict(node["tags"])
+            tags[TAG_RAY_NODE_STATUS] = STATUS_UP_TO_DATE if node["status"] == "running" else STATUS_SETTING_UP
+            nodes[str(node["id"])] = {"status": node["status"], "tags": tags}
+        self._nodes = nodes
+
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        with self._lock:
+            self._refresh()
+            return [
+                node_id
+                for node_id, node in self._nodes.items()
+                if all(node["tags"].get(key) == value for key, value in tag_filters.items())
+            ]
+
+    def is_running(self, node_id: str) -> bool:
+        with self._lock:
+            return node_id in self._nodes and self._nodes[node_id]["status"] == "running"
+
+    def is_terminated(self, node_id: str) -> bool:
+        with self._lock:
+            return node_id not in self._nodes
+
+    def node_tags(self, node_id: str) -> dict[str, str]:
+        with self._lock:
+            return dict(self._nodes[node_id]["tags"])
+
+    def internal_ip(self, node_id: str) -> str:
+        return node_id  # use_node_id_as_ip: the monitor matches it to the node's id resource
+
+    def external_ip(self, node_id: str) -> str:
+        return node_id
+
+    def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
+        with self._lock:
+            self._call("POST", f"/{node_id}/tags", {"tags": tags})
+            if node_id in self._nodes:
+                self._nodes[node_id]["tags"].update(tags)
+
+    def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int) -> None:
+        raise AssertionError("Ray's launcher calls create_node_with_resources_and_labels")
+
+    def create_node_with_resources_and_labels(
+        self,
+        node_config: dict[str, Any],
+        tags: dict[str, str],
+        count: int,
+        resources: dict[str, float],
+        labels: dict[str, str],
+    ) -> None:
+        with self._lock:
+            try:
+                answer = self._call("POST", body={"type": tags[TAG_RAY_USER_NODE_TYPE], "count": count, "tags": tags})
+            except OSError as exc:  # urllib's errors, timeouts included
+                raise NodeLaunchException(
+                    "servekeeper did not take the request", f"{count} node(s): {exc}", src_exc_info=None
+                ) from exc
+            for node_id in answer["ids"]:
+                self._nodes[str(node_id)] = {
+                    "status": "pending",
+                    "tags": {**tags, TAG_RAY_NODE_STATUS: STATUS_SETTING_UP},
+                }
+
+    def terminate_node(self, node_id: str) -> None:
+        with self._lock:
+            self._call("DELETE", f"/{node_id}")
+            self._nodes.pop(node_id, None)
+
+    @staticmethod
+    def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        return cluster_config
