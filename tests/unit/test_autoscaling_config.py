@@ -5,15 +5,28 @@ in the shape the spike ran on Ray 2.60 (../shared/DESIGN.md)."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import yaml
 
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.records import ClusterRecord
 from servekeeper.model.spec import SpecError, parse_spec
-from servekeeper.providers.autoscaling import NODE_ID_RESOURCE, autoscaling_config, node_id_resource
+from servekeeper.providers.autoscaling import (
+    NODE_ID_RESOURCE,
+    NodeRequestRefused,
+    autoscaling_config,
+    launched,
+    node_id_resource,
+    releasable,
+)
+from servekeeper.providers.local_nodes import placed_nodes
+from servekeeper.providers.ports import PortAllocator
 from tests.unit.test_kuberay_export import roundtrip
 from tests.unit.test_kuberay_import import head, minimal, notes, run_import
+from tests.unit.test_pool_clusters import draft
 from tests.unit.test_spec import VALID
 
 
@@ -161,3 +174,48 @@ def test_autoscaling_round_trips_through_a_kuberay_manifest_valid_for_its_crd() 
     assert cluster["autoscalerOptions"] == {"idleTimeoutSeconds": 30, "upscalingMode": "Conservative"}
     bounds = [(g["minReplicas"], g["replicas"], g["maxReplicas"]) for g in cluster["workerGroupSpecs"]]
     assert bounds == [(0, 1, 3), (0, 0, 2)]
+
+
+# -- nodes asked for and released by Ray's autoscaler, as records ------------------------------
+
+
+def autoscaled_cluster() -> tuple[ClusterRecord, RayClusterConfigSpec]:
+    config = parse_spec(document(AUTOSCALED)).spec.rayClusterConfig
+    cluster = draft("c", config).with_changes(ports=PortAllocator().cluster(worker_nodes=config.max_worker_count()))
+    return cluster.with_changes(nodes=placed_nodes(cluster, config)), config
+
+
+def test_a_cluster_is_given_room_for_its_maximum_and_starts_with_replicas() -> None:
+    cluster, config = autoscaled_cluster()
+    assert len(cluster.ports.node_ports) == 1 + 5  # the head, then room for every maxReplicas
+    assert [(n.role, n.group, n.node_id) for n in cluster.nodes] == [("head", None, 0), ("worker", "cpu", 1)]
+
+
+def test_launched_nodes_are_recorded_unstarted_on_spare_ports_with_fresh_ids() -> None:
+    cluster, config = autoscaled_cluster()
+    cluster, ids = launched(cluster, config, "cpu", 2)
+    assert ids == [2, 3]
+    added = cluster.nodes[-2:]
+    assert all(n.pid is None and n.group == "cpu" and n.role == "worker" for n in added)
+    assert len({n.ports for n in cluster.nodes}) == 4  # no two nodes on the same ports
+    with pytest.raises(NodeRequestRefused, match=r"3 node\(s\) and 1 more exceed its maxReplicas \(3\)"):
+        launched(cluster, config, "cpu", 1)
+    with pytest.raises(NodeRequestRefused, match="no worker group 'tpu'"):
+        launched(cluster, config, "tpu", 1)
+
+    # a released node's id is never given again; its ports are, once it is stopped
+    index = releasable(cluster, 2)
+    nodes = list(cluster.nodes)
+    nodes[index] = replace(nodes[index], stopped=True)
+    cluster = cluster.with_changes(nodes=tuple(nodes))
+    cluster, ids = launched(cluster, config, "cpu", 1)
+    assert ids == [4] and cluster.nodes[-1].ports == cluster.nodes[index].ports
+
+
+def test_only_a_running_worker_of_the_cluster_is_released() -> None:
+    cluster, _ = autoscaled_cluster()
+    with pytest.raises(NodeRequestRefused, match="is the head"):
+        releasable(cluster, 0)
+    with pytest.raises(NodeRequestRefused, match="has no running node 9"):
+        releasable(cluster, 9)
+    assert releasable(cluster, 1) == 1

@@ -239,6 +239,10 @@ class RayClusterConfigSpec(StrictModel):
     def worker_count(self) -> int:
         return sum(group.replicas for group in self.workerGroups)
 
+    def max_worker_count(self) -> int:
+        """The most worker nodes the cluster may have: what it is given room (ports) for."""
+        return sum(group.max_nodes() for group in self.workerGroups)
+
     @field_validator("excludes")
     @classmethod
     def _excludes_are_single_lines(cls, patterns: list[str]) -> list[str]:

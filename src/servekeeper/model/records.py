@@ -169,6 +169,10 @@ class NodePlacement:
     session_id: int | None = None
     stopped: bool = False  # absent from rows written before it: False
     restarts: int = 0  # times it was started again after its process exited
+    # The worker group it belongs to (None: the head, or a row written before groups were kept)
+    # and its id for Ray's autoscaler (the NODE_ID_AS_RESOURCE it starts with; the head's is 0).
+    group: str | None = None
+    node_id: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "ports": self.ports.__dict__}

@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from servekeeper.model.cluster_spec import AutoscalerOptionsSpec, HeadGroupSpec, RayClusterConfigSpec
+from servekeeper.model.records import ClusterRecord, NodePlacement
+from servekeeper.providers.local_nodes import LOCAL_HOST
 
 HEAD_NODE_TYPE = "head"
 HEAD_NODE_ID = 0
@@ -92,3 +94,56 @@ def autoscaling_config(cluster: str, config: RayClusterConfigSpec, provider: dic
         "head_node_type": HEAD_NODE_TYPE,
         **UNUSED_SECTIONS,
     }
+
+
+class NodeRequestRefused(ValueError):
+    """A node request of Ray's autoscaler that cannot be met as asked (the API answers 409)."""
+
+
+def launched(
+    cluster: ClusterRecord, config: RayClusterConfigSpec, group_name: str, count: int
+) -> tuple[ClusterRecord, list[int]]:
+    """`cluster` (on this machine) with `count` more worker nodes of `group_name` recorded, not
+    started (intent: the provider starts the nodes whose pid is None), on node ports the cluster
+    holds and no running node uses; and their ids, never used before in this cluster."""
+    if cluster.pool is not None:
+        raise NodeRequestRefused(f"cluster {cluster.name} runs on pool {cluster.pool}: its nodes are placed there")
+    group = next((g for g in config.workerGroups if g.name == group_name), None)
+    if group is None:
+        raise NodeRequestRefused(f"cluster {cluster.name} has no worker group {group_name!r}")
+    live = [node for node in cluster.nodes if not node.stopped]
+    in_group = sum(1 for node in live if node.group == group_name)
+    if in_group + count > group.max_nodes():
+        raise NodeRequestRefused(
+            f"worker group {group_name!r} of {cluster.name}: {in_group} node(s) and {count} more "
+            f"exceed its maxReplicas ({group.max_nodes()})"
+        )
+    taken = {node.ports for node in live}
+    spare = [ports for ports in cluster.ports.node_ports if ports not in taken]
+    if len(spare) < count:  # a cluster created before its bounds were given room
+        raise NodeRequestRefused(f"cluster {cluster.name} holds ports for {len(spare)} more node(s), not {count}")
+    first_id = max((node.node_id or 0 for node in cluster.nodes), default=0) + 1
+    added = [
+        NodePlacement(
+            host=LOCAL_HOST,
+            address="127.0.0.1",
+            role="worker",
+            ports=spare[offset],
+            temp_dir=cluster.temp_dir,
+            group=group_name,
+            node_id=first_id + offset,
+        )
+        for offset in range(count)
+    ]
+    return cluster.with_changes(nodes=(*cluster.nodes, *added)), [node.node_id or 0 for node in added]
+
+
+def releasable(cluster: ClusterRecord, node_id: int) -> int:
+    """The index in `cluster.nodes` of the worker node Ray's autoscaler releases: never the head,
+    never a node of another cluster (an id it does not hold)."""
+    for index, node in enumerate(cluster.nodes):
+        if node.node_id == node_id and not node.stopped:
+            if node.role == "head":
+                raise NodeRequestRefused(f"node {node_id} is the head of {cluster.name}: it is not released")
+            return index
+    raise NodeRequestRefused(f"cluster {cluster.name} has no running node {node_id}")

@@ -191,7 +191,7 @@ class LocalProvider:
         ray = str(environment.ray) if environment is not None else ray_executable()
         if index == 0:
             extra = {**config.head.env, **node_env(config, "head", cluster.name, cluster.temp_dir, None)}
-            env = _environment(cluster, 0, extra, loopback_only=config.worker_count() == 0, own=environment)
+            env = _environment(cluster, 0, extra, loopback_only=config.max_worker_count() == 0, own=environment)
             return self._spawn(head_command(cluster, config.head, ray), env, log_path)
         group = worker_groups(config)[index - 1]
         extra = {**group.env, **node_env(config, "worker", cluster.name, cluster.temp_dir, None)}
@@ -333,7 +333,7 @@ def store_with_local_ports(
     taken, bound or not: Ray holding it would keep that ingress from ever listening."""
     reserved = [port for other in records.list_clusters() for port in other.ports.all_ports()]
     reserved += records.declared_ports()
-    cluster = draft.with_changes(ports=allocator(reserved).cluster(worker_nodes=config.worker_count()))
+    cluster = draft.with_changes(ports=allocator(reserved).cluster(worker_nodes=config.max_worker_count()))
     if nodes is not None:
         cluster = cluster.with_changes(nodes=nodes(cluster, config))
     records.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown

@@ -84,16 +84,18 @@ def worker_command(cluster: ClusterRecord, node_index: int, group: WorkerGroupSp
 
 def placed_nodes(cluster: ClusterRecord, config: RayClusterConfigSpec) -> tuple[NodePlacement, ...]:
     """The cluster's nodes, head first, each on its own ports of `cluster.ports`; none started."""
-    roles = ["head"] + ["worker"] * config.worker_count()
+    groups: list[str | None] = [None, *(group.name for group in config.workerGroups for _ in range(group.replicas))]
     return tuple(
         NodePlacement(
             host=LOCAL_HOST,
             address="127.0.0.1",
-            role=role,
+            role="head" if group is None else "worker",
             ports=cluster.ports.node_ports[index],
             temp_dir=cluster.temp_dir,
+            group=group,
+            node_id=index,
         )
-        for index, role in enumerate(roles)
+        for index, group in enumerate(groups)
     )
 
 
