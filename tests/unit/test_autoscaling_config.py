@@ -22,7 +22,7 @@ from servekeeper.providers.autoscaling import (
     node_id_resource,
     releasable,
 )
-from servekeeper.providers.local_nodes import placed_nodes
+from servekeeper.providers.local_nodes import log_name, node_tag, placed_nodes, worker_command, worker_group_of
 from servekeeper.providers.ports import PortAllocator
 from tests.unit.test_kuberay_export import roundtrip
 from tests.unit.test_kuberay_import import head, minimal, notes, run_import
@@ -219,3 +219,19 @@ def test_only_a_running_worker_of_the_cluster_is_released() -> None:
     with pytest.raises(NodeRequestRefused, match="has no running node 9"):
         releasable(cluster, 9)
     assert releasable(cluster, 1) == 1
+
+
+def test_a_launched_node_starts_on_its_own_ports_in_its_group_with_a_log_named_by_its_id() -> None:
+    cluster, config = autoscaled_cluster()
+    cluster, (node_id,) = launched(cluster, config, "cpu", 1)
+    index = len(cluster.nodes) - 1
+    node = cluster.nodes[index]
+    assert worker_group_of(config, node, index).name == "cpu"
+    assert log_name(config, node, index) == f"worker-cpu-id{node_id}.log"
+    assert node_tag(cluster, index).endswith(f"worker-cpu-id{node_id}.log")
+    assert log_name(config, cluster.nodes[1], 1) == "worker-cpu-0.log"  # a listed node keeps its name
+    argv = worker_command(cluster, node, worker_group_of(config, node, index), "ray")
+    assert f"--node-manager-port={node.ports.node_manager}" in argv
+    # a row written before nodes kept their group: its group by its place in the spec
+    legacy = replace(cluster.nodes[1], group=None, node_id=None)
+    assert worker_group_of(config, legacy, 1).name == "cpu"

@@ -44,7 +44,7 @@ from servekeeper.providers.local_nodes import (
     check_gcs_kept,
     forget_running_cluster,
     head_command,
-    log_names,
+    log_name,
     node_tag,
     nodes_of,
     placed_nodes,
@@ -53,7 +53,7 @@ from servekeeper.providers.local_nodes import (
     stop_leftovers,
     wait_for_earlier_raylets,
     worker_command,
-    worker_groups,
+    worker_group_of,
 )
 from servekeeper.providers.node_argv import gcs_storage_dir
 from servekeeper.providers.node_log import TAIL_BYTES, hidden_values, last_lines
@@ -186,17 +186,18 @@ class LocalProvider:
 
     def _spawn_node(self, cluster: ClusterRecord, config: RayClusterConfigSpec, index: int) -> int:
         """Start node `index` (0: the head) of the cluster; its pid, also its session id."""
-        log_path = Path(cluster.log_dir) / log_names(config)[index]
+        node = nodes_of(cluster)[index]
+        log_path = Path(cluster.log_dir) / log_name(config, node, index)
         environment = self._environment_of(config)
         ray = str(environment.ray) if environment is not None else ray_executable()
         if index == 0:
             extra = {**config.head.env, **node_env(config, "head", cluster.name, cluster.temp_dir, None)}
             env = _environment(cluster, 0, extra, loopback_only=config.max_worker_count() == 0, own=environment)
             return self._spawn(head_command(cluster, config.head, ray), env, log_path)
-        group = worker_groups(config)[index - 1]
+        group = worker_group_of(config, node, index)
         extra = {**group.env, **node_env(config, "worker", cluster.name, cluster.temp_dir, None)}
         env = _environment(cluster, index, extra, loopback_only=False, own=environment)
-        return self._spawn(worker_command(cluster, index, group, ray), env, log_path)
+        return self._spawn(worker_command(cluster, node, group, ray), env, log_path)
 
     def _environment_of(self, config: RayClusterConfigSpec) -> Environment | None:
         if not config.has_own_environment():
@@ -278,13 +279,14 @@ class LocalProvider:
 
     def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str:
         """The last lines `ray start` logged, for a node that exited: the cause users need."""
-        log_name = "head.log"
+        log_file = "head.log"
         pids = [node.pid for node in nodes_of(cluster)]
         if worker_pid is not None and worker_pid in pids:
             config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
-            log_name = log_names(config)[pids.index(worker_pid)]
+            index = pids.index(worker_pid)
+            log_file = log_name(config, nodes_of(cluster)[index], index)
         try:
-            with open(Path(cluster.log_dir) / log_name, "rb") as log:
+            with open(Path(cluster.log_dir) / log_file, "rb") as log:
                 log.seek(max(0, log.seek(0, os.SEEK_END) - TAIL_BYTES))
                 # No store here: which env values came from secrets is unknown, so more is hidden.
                 return last_lines(log.read().decode(errors="replace"), hide=hidden_values(cluster, None))

@@ -67,14 +67,14 @@ def head_command(cluster: ClusterRecord, head: HeadGroupSpec, ray: str) -> list[
     ]
 
 
-def worker_command(cluster: ClusterRecord, node_index: int, group: WorkerGroupSpec, ray: str) -> list[str]:
+def worker_command(cluster: ClusterRecord, node: NodePlacement, group: WorkerGroupSpec, ray: str) -> list[str]:
     return [
         ray,
         "start",
         "--block",
         f"--address=127.0.0.1:{cluster.ports.gcs}",
         "--node-ip-address=127.0.0.1",
-        *node_port_args(cluster.ports.node_ports[node_index]),
+        *node_port_args(node.ports),
         f"--temp-dir={cluster.temp_dir}",
         *resource_args(group),
         "--disable-usage-stats",
@@ -117,15 +117,30 @@ def worker_groups(config: RayClusterConfigSpec) -> list[WorkerGroupSpec]:
     return [group for group in config.workerGroups for _replica in range(group.replicas)]
 
 
+def worker_group_of(config: RayClusterConfigSpec, node: NodePlacement, index: int) -> WorkerGroupSpec:
+    """The group of worker node `index`: as recorded, else (a row written before nodes kept
+    their group) by its place in the spec's order."""
+    if node.group is None:
+        return worker_groups(config)[index - 1]
+    return next(group for group in config.workerGroups if group.name == node.group)
+
+
 def log_names(config: RayClusterConfigSpec) -> list[str]:
     """Each node's log file in the cluster's log dir, head first: a node started again appends."""
     workers = [f"worker-{group.name}-{n}.log" for group in config.workerGroups for n in range(group.replicas)]
     return ["head.log", *workers]
 
 
+def log_name(config: RayClusterConfigSpec, node: NodePlacement, index: int) -> str:
+    """Node `index`'s log file: a node the spec lists by its place, one Ray's autoscaler asked
+    for since (appended after them) by its id."""
+    names = log_names(config)
+    return names[index] if index < len(names) else f"worker-{node.group}-id{node.node_id}.log"
+
+
 def node_tag(cluster: ClusterRecord, index: int) -> str:
     config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
-    return os.path.join(cluster.log_dir, log_names(config)[index])
+    return os.path.join(cluster.log_dir, log_name(config, nodes_of(cluster)[index], index))
 
 
 def stop_leftovers(tag: str) -> None:

@@ -116,7 +116,16 @@ async def _allocate(
             # A dir of its own: the node left behind on the silent host is stopped by its dir's tag.
             temp_dir = f"{cluster_dir(spec, cluster.name)}/n{index}.{moves}"
             restarts = moves if index == 0 else node.restarts
-            node = NodePlacement(hosts[index], spec.address, node.role, node_ports[index], temp_dir, restarts=restarts)
+            node = NodePlacement(
+                hosts[index],
+                spec.address,
+                node.role,
+                node_ports[index],
+                temp_dir,
+                restarts=restarts,
+                group=node.group,
+                node_id=node.node_id,
+            )
         elif not node.stopped:
             node = replace(node, pid=None, session_id=None)  # started again against the new head
         nodes.append(node)
