@@ -22,8 +22,16 @@ from servekeeper.providers.autoscaling import (
     node_id_resource,
     releasable,
 )
-from servekeeper.providers.local_nodes import log_name, node_tag, placed_nodes, worker_command, worker_group_of
+from servekeeper.providers.local_nodes import (
+    head_command,
+    log_name,
+    node_tag,
+    placed_nodes,
+    worker_command,
+    worker_group_of,
+)
 from servekeeper.providers.ports import PortAllocator
+from servekeeper.providers.ray_start import with_node_id
 from tests.unit.test_kuberay_export import roundtrip
 from tests.unit.test_kuberay_import import head, minimal, notes, run_import
 from tests.unit.test_pool_clusters import draft
@@ -235,3 +243,18 @@ def test_a_launched_node_starts_on_its_own_ports_in_its_group_with_a_log_named_b
     # a row written before nodes kept their group: its group by its place in the spec
     legacy = replace(cluster.nodes[1], group=None, node_id=None)
     assert worker_group_of(config, legacy, 1).name == "cpu"
+
+
+def test_an_autoscaled_clusters_nodes_carry_their_id_beside_the_users_resources() -> None:
+    assert with_node_id({"resources": '{"custom": 2}'}, 3) == {"resources": '{"NODE_ID_AS_RESOURCE":3,"custom":2}'}
+    assert with_node_id({"resources": '{\\"custom\\": 2}'}, 3)["resources"] == '{"NODE_ID_AS_RESOURCE":3,"custom":2}'
+    assert with_node_id({"num-cpus": 1}, None) == {"num-cpus": 1}  # not autoscaled: unchanged
+    with pytest.raises(ValueError, match="is not a JSON object"):
+        with_node_id({"resources": "lots"}, 1)
+    cluster, config = autoscaled_cluster()
+    head_argv = head_command(cluster, config.head, "ray", autoscaled=True)
+    assert '--resources={"NODE_ID_AS_RESOURCE":0}' in head_argv
+    worker = cluster.nodes[1]
+    argv = worker_command(cluster, worker, worker_group_of(config, worker, 1), "ray", autoscaled=True)
+    assert '--resources={"NODE_ID_AS_RESOURCE":1}' in argv
+    assert not any(arg.startswith("--resources") for arg in head_command(cluster, config.head, "ray"))

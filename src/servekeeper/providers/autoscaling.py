@@ -18,10 +18,10 @@ from typing import Any
 from servekeeper.model.cluster_spec import AutoscalerOptionsSpec, HeadGroupSpec, RayClusterConfigSpec
 from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.local_nodes import LOCAL_HOST
+from servekeeper.providers.ray_start import NODE_ID_RESOURCE
 
 HEAD_NODE_TYPE = "head"
 HEAD_NODE_ID = 0
-NODE_ID_RESOURCE = "NODE_ID_AS_RESOURCE"  # the name Ray's monitor reads
 # What Ray's v1 config schema requires of every cluster config, though none of it applies to
 # nodes that servekeeper starts (the keys of Ray's own autoscaler/spark/defaults.yaml).
 UNUSED_SECTIONS: dict[str, Any] = {

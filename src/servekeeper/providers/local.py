@@ -193,11 +193,11 @@ class LocalProvider:
         if index == 0:
             extra = {**config.head.env, **node_env(config, "head", cluster.name, cluster.temp_dir, None)}
             env = _environment(cluster, 0, extra, loopback_only=config.max_worker_count() == 0, own=environment)
-            return self._spawn(head_command(cluster, config.head, ray), env, log_path)
+            return self._spawn(head_command(cluster, config.head, ray, config.enableInTreeAutoscaling), env, log_path)
         group = worker_group_of(config, node, index)
         extra = {**group.env, **node_env(config, "worker", cluster.name, cluster.temp_dir, None)}
         env = _environment(cluster, index, extra, loopback_only=False, own=environment)
-        return self._spawn(worker_command(cluster, node, group, ray), env, log_path)
+        return self._spawn(worker_command(cluster, node, group, ray, config.enableInTreeAutoscaling), env, log_path)
 
     def _environment_of(self, config: RayClusterConfigSpec) -> Environment | None:
         if not config.has_own_environment():

@@ -27,7 +27,7 @@ from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, 
 from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.base import PermanentProviderError, ProviderError, RetryableProviderError
 from servekeeper.providers.node_argv import gcs_storage_dir
-from servekeeper.providers.ray_start import node_port_args, param_args, resource_args
+from servekeeper.providers.ray_start import node_port_args, param_args, resource_args, with_node_id
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +46,9 @@ def ray_executable() -> str:
     return found
 
 
-def head_command(cluster: ClusterRecord, head: HeadGroupSpec, ray: str) -> list[str]:
-    """`ray`: the command of the cluster's environment (`ray_executable()`: the controller's)."""
+def head_command(cluster: ClusterRecord, head: HeadGroupSpec, ray: str, autoscaled: bool = False) -> list[str]:
+    """`ray`: the command of the cluster's environment (`ray_executable()`: the controller's).
+    `autoscaled`: the node carries its id for Ray's autoscaler (the head's is 0)."""
     ports = cluster.ports
     return [
         ray,
@@ -63,11 +64,13 @@ def head_command(cluster: ClusterRecord, head: HeadGroupSpec, ray: str) -> list[
         f"--temp-dir={cluster.temp_dir}",
         *resource_args(head),
         "--disable-usage-stats",
-        *param_args(head.rayStartParams),
+        *param_args(with_node_id(head.rayStartParams, 0 if autoscaled else None)),
     ]
 
 
-def worker_command(cluster: ClusterRecord, node: NodePlacement, group: WorkerGroupSpec, ray: str) -> list[str]:
+def worker_command(
+    cluster: ClusterRecord, node: NodePlacement, group: WorkerGroupSpec, ray: str, autoscaled: bool = False
+) -> list[str]:
     return [
         ray,
         "start",
@@ -78,7 +81,7 @@ def worker_command(cluster: ClusterRecord, node: NodePlacement, group: WorkerGro
         f"--temp-dir={cluster.temp_dir}",
         *resource_args(group),
         "--disable-usage-stats",
-        *param_args(group.rayStartParams),
+        *param_args(with_node_id(group.rayStartParams, node.node_id if autoscaled else None)),
     ]
 
 

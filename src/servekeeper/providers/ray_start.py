@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from servekeeper.model.cluster_spec import HeadGroupSpec
+import json
+
+from servekeeper.model.cluster_spec import HeadGroupSpec, StartParamValue
 from servekeeper.model.records import NodePorts
+
+# The custom resource by which Ray's autoscaler knows a node it asked for (Ray's own name: its
+# monitor reads it with `use_node_id_as_ip`, every node of one machine having one address).
+NODE_ID_RESOURCE = "NODE_ID_AS_RESOURCE"
 
 
 def param_args(params: dict[str, str | int | float | bool]) -> list[str]:
@@ -43,3 +49,22 @@ def resource_args(group: HeadGroupSpec) -> list[str]:
 def group_args(group: HeadGroupSpec) -> list[str]:
     """A group's resource flags and its rayStartParams, as every node of it gets them."""
     return resource_args(group) + param_args(group.rayStartParams)
+
+
+def with_node_id(params: dict[str, StartParamValue], node_id: int | None) -> dict[str, StartParamValue]:
+    """rayStartParams with the node's id among its custom resources (None: unchanged). The
+    user's own `resources` (JSON; KubeRay's shell-escaped quotes accepted) are kept beside it."""
+    if node_id is None:
+        return params
+    given = params.get("resources")
+    resources: dict[str, object] = {}
+    if isinstance(given, str) and given.strip():
+        try:
+            resources = dict(json.loads(given))
+        except (ValueError, TypeError):
+            try:
+                resources = dict(json.loads(given.replace('\\"', '"')))
+            except (ValueError, TypeError):
+                raise ValueError(f"rayStartParams resources {given!r} is not a JSON object") from None
+    resources[NODE_ID_RESOURCE] = node_id
+    return {**params, "resources": json.dumps(resources, sort_keys=True, separators=(",", ":"))}
