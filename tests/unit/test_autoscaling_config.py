@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from servekeeper.core.planner.workers import expected_workers
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.records import ClusterRecord
 from servekeeper.model.spec import SpecError, parse_spec
@@ -22,6 +23,7 @@ from servekeeper.providers.autoscaling import (
     node_id_resource,
     releasable,
 )
+from servekeeper.providers.base import launched_into
 from servekeeper.providers.local_nodes import (
     head_command,
     log_name,
@@ -258,3 +260,16 @@ def test_an_autoscaled_clusters_nodes_carry_their_id_beside_the_users_resources(
     argv = worker_command(cluster, worker, worker_group_of(config, worker, 1), "ray", autoscaled=True)
     assert '--resources={"NODE_ID_AS_RESOURCE":1}' in argv
     assert not any(arg.startswith("--resources") for arg in head_command(cluster, config.head, "ray"))
+
+
+def test_nodes_asked_for_during_a_start_survive_it_and_count_as_expected() -> None:
+    cluster, config = autoscaled_cluster()
+    start_began = cluster
+    started = [replace(node, pid=100 + i, session_id=100 + i) for i, node in enumerate(cluster.nodes)]
+    asked, _ = launched(cluster, config, "cpu", 1)  # recorded while that start ran
+    merged = launched_into(asked, start_began, started)
+    assert [node.pid for node in merged.nodes] == [100, 101, None]  # the asked-for node kept, unstarted
+    assert merged.worker_pids == (101,)
+    assert expected_workers(merged) == 2  # so the next tick starts it (StartCluster)
+    released = merged.with_changes(nodes=(*merged.nodes[:2], replace(merged.nodes[2], stopped=True)))
+    assert expected_workers(released) == 1

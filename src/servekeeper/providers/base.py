@@ -148,13 +148,15 @@ def with_nodes(cluster: ClusterRecord, nodes: Iterable[NodePlacement]) -> Cluste
 def launched_into(current: ClusterRecord, original: ClusterRecord, nodes: Sequence[NodePlacement]) -> ClusterRecord:
     """The nodes a start launched (their pid changed since `original`, the record it began
     from) written into `current`, the record as stored now: a tick may have cleared another
-    node's pid meanwhile (a restart), which must not come back."""
-    if not current.nodes or len(current.nodes) != len(nodes):
+    node's pid meanwhile (a restart), which must not come back; and nodes recorded after the
+    start began (Ray's autoscaler asked for them) stay, for a later start."""
+    if not current.nodes or len(current.nodes) < len(nodes):
         return with_nodes(current, nodes)
     launched = {i for i, (a, b) in enumerate(zip(original.nodes, nodes, strict=False)) if a.pid != b.pid}
     if not original.nodes:  # a record stored before its nodes were: every node given is news
         launched = set(range(len(nodes)))
-    return with_nodes(current, (nodes[i] if i in launched else node for i, node in enumerate(current.nodes)))
+    merged = [nodes[i] if i in launched else node for i, node in enumerate(current.nodes[: len(nodes)])]
+    return with_nodes(current, (*merged, *current.nodes[len(nodes) :]))
 
 
 def nodes_restarting(cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:

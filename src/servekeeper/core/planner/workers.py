@@ -19,7 +19,12 @@ MAX_WORKER_RESTARTS = 5
 
 
 def expected_workers(cluster: ClusterRecord) -> int:
-    return RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).worker_count()
+    """The worker nodes the cluster should have: its spec's, or with Ray's autoscaler those
+    recorded and not released (a node it asked for is recorded before it starts)."""
+    config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+    if config.enableInTreeAutoscaling and cluster.nodes:
+        return sum(1 for node in cluster.nodes if node.role == "worker" and not node.stopped)
+    return config.worker_count()
 
 
 def restartable(cluster: ClusterRecord, exited: tuple[int, ...]) -> list[NodePlacement]:
