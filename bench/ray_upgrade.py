@@ -28,7 +28,7 @@ from bench.loadgen import exit_cleanly_on_sigterm
 from bench.standby_failover import alternate_on_one_daemon
 from bench.warm_spare import switched
 from bench.zero_downtime import RESULTS
-from servekeeper.providers.local import session_members
+from servekeeper.providers.local_processes import session_members
 from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
 from servekeeper.testing.load import Load
 

@@ -29,7 +29,7 @@ import yaml
 
 from bench.loadgen import exit_cleanly_on_sigterm
 from bench.zero_downtime import RESULTS
-from servekeeper.providers.local import session_members
+from servekeeper.providers.local_processes import session_members
 from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, kill_local_cluster, wait_until
 from servekeeper.testing.load import Load
 

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from servekeeper.providers.local import tagged_processes
+from servekeeper.providers.local_processes import tagged_processes
 from servekeeper.testing.harness import HELLO_APP, Servekeeper, free_port, hello_spec, wait_until
 from servekeeper.testing.load import Load
 

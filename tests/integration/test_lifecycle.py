@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from servekeeper.providers.local import session_members
+from servekeeper.providers.local_processes import session_members
 from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, pid_alive, wait_until
 
 pytestmark = pytest.mark.ray

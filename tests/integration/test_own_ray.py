@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from servekeeper.providers.local import session_members
+from servekeeper.providers.local_processes import session_members
 from servekeeper.testing.harness import Servekeeper, exported_environment, free_port, hello_spec, wait_until
 from servekeeper.testing.load import Load
 

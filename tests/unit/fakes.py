@@ -118,6 +118,9 @@ class FakeProvider:
     def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str:
         return f"pid {worker_pid or cluster.head_pid} exited with status 1"
 
+    async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
+        self.calls.append(("stop_node", f"{cluster.name}/{index}"))
+
     async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> list[int]:
         self.calls.append(("stop", cluster.name))
         if self.stop_error is not None:

@@ -5,7 +5,12 @@ in the shape the spike ran on Ray 2.60 (../shared/DESIGN.md)."""
 from __future__ import annotations
 
 import copy
+import os
+import signal
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +29,9 @@ from servekeeper.providers.autoscaling import (
     releasable,
 )
 from servekeeper.providers.base import launched_into
+from servekeeper.providers.local import LocalProvider
 from servekeeper.providers.local_nodes import (
+    NODE_TAG_ENV,
     head_command,
     log_name,
     node_tag,
@@ -32,6 +39,7 @@ from servekeeper.providers.local_nodes import (
     worker_command,
     worker_group_of,
 )
+from servekeeper.providers.local_processes import OWNER_ENV
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.ray_start import with_node_id
 from tests.unit.test_kuberay_export import roundtrip
@@ -273,3 +281,29 @@ def test_nodes_asked_for_during_a_start_survive_it_and_count_as_expected() -> No
     assert expected_workers(merged) == 2  # so the next tick starts it (StartCluster)
     released = merged.with_changes(nodes=(*merged.nodes[:2], replace(merged.nodes[2], stopped=True)))
     assert expected_workers(released) == 1
+
+
+async def test_a_released_local_node_gets_sigterm_and_its_leftovers_go_the_other_nodes_stay(tmp_path: Path) -> None:
+    cluster, config = autoscaled_cluster()
+    cluster, _ = launched(cluster, config, "cpu", 1)
+    cluster = cluster.with_changes(log_dir=str(tmp_path), temp_dir=str(tmp_path / "temp"))
+    # a node's `ray start` leads its session and carries the cluster's owner tag and its own node tag
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    def node(index: int) -> subprocess.Popen[bytes]:
+        tags = {OWNER_ENV: cluster.log_dir, NODE_TAG_ENV: node_tag(cluster, index)}
+        return subprocess.Popen(sleep, env={**os.environ, **tags}, start_new_session=True)
+
+    kept, released = node(1), node(2)
+    nodes = list(cluster.nodes)
+    for index, process in ((1, kept), (2, released)):
+        nodes[index] = replace(nodes[index], pid=process.pid, session_id=process.pid)
+    cluster = cluster.with_changes(nodes=tuple(nodes))
+    try:
+        await LocalProvider().stop_node(cluster, 2)
+        assert released.wait(5) == -signal.SIGTERM  # asked first: it exits on its own
+        assert kept.poll() is None, "another node is never touched"
+    finally:
+        for process in (kept, released):
+            process.kill()
+            process.wait()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from servekeeper.providers.local import local_temp_dir, private_temp_dir
+from servekeeper.providers.local_processes import local_temp_dir, private_temp_dir
 from servekeeper.providers.remote.node_agent import UnsafePath
 from tests.unit.test_controller import World, make_spec, world
 

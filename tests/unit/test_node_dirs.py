@@ -14,7 +14,7 @@ import pytest
 
 from servekeeper.model.hostpool import MAX_WORK_DIR_LENGTH, parse_host_pool
 from servekeeper.model.records import ClusterRecord
-from servekeeper.providers.local import private_temp_dir
+from servekeeper.providers.local_processes import private_temp_dir
 from servekeeper.providers.remote import node_agent
 from tests.unit.test_controller import World, make_spec, world
 from tests.unit.test_hostpool import VALID, host

@@ -30,7 +30,7 @@ from servekeeper.model.records import ClusterPorts, ClusterRecord, Event, Servic
 from servekeeper.model.spec import ServiceSpec
 from servekeeper.providers.base import ClusterProvider, ProviderError, launched_into
 from servekeeper.providers.environments import environments_of, pinned
-from servekeeper.providers.local import local_temp_dir
+from servekeeper.providers.local_processes import local_temp_dir
 from servekeeper.rayapi.serve_api import ServeClient
 from servekeeper.store.store import Store
 

@@ -113,6 +113,11 @@ class ClusterProvider(Protocol):
         """What every call to the cluster's dashboard (Serve REST, packages) carries."""
         ...
 
+    async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
+        """Stop node `index` of the cluster (a worker Ray's autoscaler released); raises
+        RetryableProviderError while it may still run (its host did not answer)."""
+        ...
+
     async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> Sequence[int | str]:
         """Stop every process of the cluster; what is still alive afterwards (empty when all is
         gone). `record` gets each part stopped for sure at once (its room is free again)."""

@@ -15,14 +15,11 @@ import logging
 import os
 import shutil
 import signal
-import stat
 import subprocess
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
-
-import psutil
 
 from servekeeper.core.hooks import Hooks
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
@@ -48,26 +45,32 @@ from servekeeper.providers.local_nodes import (
     node_tag,
     nodes_of,
     placed_nodes,
-    processes_tagged,
     ray_executable,
     stop_leftovers,
     wait_for_earlier_raylets,
     worker_command,
     worker_group_of,
 )
+from servekeeper.providers.local_processes import (
+    OWNER_ENV,
+    alive_members,
+    is_our_node,
+    kill_all,
+    our_sessions,
+    private_temp_dir,
+    session_is_ours,
+    session_members,
+)
 from servekeeper.providers.node_argv import gcs_storage_dir
 from servekeeper.providers.node_log import TAIL_BYTES, hidden_values, last_lines
 from servekeeper.providers.ports import PortAllocator, wait_for_port
-from servekeeper.providers.remote.node_agent import UnsafePath, open_log, private_dir
+from servekeeper.providers.remote.node_agent import open_log
 
 logger = logging.getLogger(__name__)
 
 TERM_GRACE_SECONDS = 3.0
 KILL_GRACE_SECONDS = 3.0
 HEAD_GCS_WAIT_SECONDS = 60.0
-
-
-OWNER_ENV = "SERVEKEEPER_CLUSTER_LOG_DIR"
 
 
 def _environment(
@@ -87,62 +90,6 @@ def _environment(
         # It also refuses extra nodes, so clusters with worker groups use the host's address.
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     return env
-
-
-def tagged_processes(prefix: str) -> list[psutil.Process]:
-    """Live processes whose owner tag starts with `prefix` (a cluster's log dir, or a state dir)."""
-    below = prefix.rstrip("/") + "/"
-    return processes_tagged(OWNER_ENV, lambda tag: tag == prefix or tag.startswith(below))
-
-
-def session_members(session_ids: tuple[int, ...]) -> list[psutil.Process]:
-    """Live (non-zombie) processes in any of the given sessions."""
-    wanted = set(session_ids)
-    members = []
-    for process in psutil.process_iter(["status"]):
-        try:
-            if process.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if os.getsid(process.pid) in wanted:
-                members.append(process)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-    return members
-
-
-def _is_our_node(pid: int, temp_dir: str) -> bool:
-    """Guards against pid reuse: the pid must still be a `ray start` of this cluster."""
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return f"--temp-dir={temp_dir}" in process.cmdline()
-    except psutil.Error:
-        return False
-
-
-def local_temp_dir(name: str, uid: int | None = None) -> str:
-    """Where a local cluster's nodes keep their Ray temp dir: in a parent of this user's that
-    stays 0700 (private_temp_dir), because `ray start` makes the temp dir itself, and the
-    session, sockets and logs dirs under it, mode 0777. Short on purpose: Ray's unix socket
-    paths under it (<temp>/session_<date>_<pid>/sockets/dash_TaskEventsHead) must stay below
-    107 bytes, with room for any uid."""
-    return f"/tmp/sk-{os.geteuid() if uid is None else uid}/{name}"
-
-
-def private_temp_dir(temp_dir: str) -> None:
-    """A node's temp dir (Ray keeps unix sockets there): made 0700, and refused (UnsafePath,
-    naming it) if another user made it or a component first, or planted a symlink. A parent of
-    ours must also be closed to others: Ray opens the temp dir itself to everyone."""
-    private_dir(temp_dir)
-    parent = os.path.dirname(temp_dir.rstrip("/"))
-    info = os.lstat(parent)
-    if info.st_uid == os.geteuid() and not info.st_mode & stat.S_ISVTX and info.st_mode & 0o077:
-        # (A sticky one is a shared /tmp: a record from before the per-user parent.)
-        raise UnsafePath(
-            f"{parent} is open to other users (mode {stat.S_IMODE(info.st_mode):o}) and Ray makes "
-            f"{temp_dir} world-writable: make {parent} 0700"
-        )
 
 
 class LocalProvider:
@@ -275,7 +222,7 @@ class LocalProvider:
     def _running(self, pid: int, temp_dir: str) -> bool:
         # A child of ours not reaped yet is alive for sure (its pid cannot be reused before we
         # reap it); /proc is read only for nodes adopted after a restart.
-        return pid in self._children or _is_our_node(pid, temp_dir)
+        return pid in self._children or is_our_node(pid, temp_dir)
 
     def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str:
         """The last lines `ray start` logged, for a node that exited: the cause users need."""
@@ -293,8 +240,25 @@ class LocalProvider:
         except OSError:
             return "no log"
 
+    async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
+        """Node `index`: SIGTERM to its session while it is ours, a grace to exit, then what is
+        left of it killed by its tag (Ray's autoscaler releases idle nodes it drained first)."""
+        session = nodes_of(cluster)[index].session_id
+        if session is not None and await asyncio.to_thread(session_is_ours, session, cluster.temp_dir, cluster.log_dir):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(session, signal.SIGTERM)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + TERM_GRACE_SECONDS
+            while loop.time() < deadline:
+                members = await asyncio.to_thread(session_members, (session,))
+                if not members:
+                    break
+                await asyncio.sleep(0.25)
+        await asyncio.to_thread(stop_leftovers, node_tag(cluster, index))
+        self._reap()
+
     async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> list[int]:
-        sessions = await asyncio.to_thread(_our_sessions, cluster)
+        sessions = await asyncio.to_thread(our_sessions, cluster)
         for session in sessions:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(session, signal.SIGTERM)
@@ -302,7 +266,7 @@ class LocalProvider:
         await self._wait_gone(sessions, cluster.log_dir, TERM_GRACE_SECONDS)
         # gcs_server, the raylet and the actor workers often outlive SIGTERM: kill what is left,
         # each actor worker by pid since it sits in a process group of its own.
-        await asyncio.to_thread(_kill_all, sessions, cluster.log_dir)
+        await asyncio.to_thread(kill_all, sessions, cluster.log_dir)
         leftovers = await self._wait_gone(sessions, cluster.log_dir, KILL_GRACE_SECONDS)
         self._reap()
         await asyncio.to_thread(shutil.rmtree, cluster.temp_dir, True)
@@ -317,7 +281,7 @@ class LocalProvider:
         while True:
             self._reap()
             # A scan of /proc: in a worker thread, never on the loop that serves ticks and the API.
-            alive = await asyncio.to_thread(_alive_members, sessions, log_dir)
+            alive = await asyncio.to_thread(alive_members, sessions, log_dir)
             if not alive or loop.time() >= deadline:
                 return alive
             await asyncio.sleep(0.25)
@@ -361,37 +325,3 @@ def process_liveness(checks: ProcessChecks, cluster: ClusterRecord) -> Liveness:
         # This machine always answers: a worker gone has exited, and may be started again in place.
         return Liveness(True, dead, f"worker pid {dead[0]} exited: {causes[0][1]}", tuple(dead), exit_causes=causes)
     return Liveness(True, [], None)
-
-
-def _alive_members(sessions: tuple[int, ...], log_dir: str) -> list[int]:
-    alive = [process.pid for process in session_members(sessions)]
-    return alive or [process.pid for process in tagged_processes(log_dir)]
-
-
-def _kill_all(sessions: tuple[int, ...], log_dir: str) -> None:
-    for process in session_members(sessions) + tagged_processes(log_dir):
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-
-
-def _our_sessions(cluster: ClusterRecord) -> tuple[int, ...]:
-    return tuple(pid for pid in cluster.session_ids if _session_is_ours(pid, cluster.temp_dir, cluster.log_dir))
-
-
-def _session_is_ours(session_id: int, temp_dir: str, log_dir: str) -> bool:
-    """A recorded session id may have been reused by an unrelated session after a reboot.
-
-    It is ours if its leader is still our `ray start`, or if any live member of the session
-    names our temp dir or carries our owner tag (the leader is gone but its children linger;
-    actor workers rename themselves, "ray::ServeReplica:...", hiding the temp dir, but keep the
-    environment, so another cluster's workers are never taken for ours).
-    """
-    if _is_our_node(session_id, temp_dir):
-        return True
-    for process in session_members((session_id,)):
-        with contextlib.suppress(psutil.Error):
-            if any(temp_dir in part for part in process.cmdline()):
-                return True
-            if process.environ().get(OWNER_ENV) == log_dir:
-                return True
-    return False

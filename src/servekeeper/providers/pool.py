@@ -47,10 +47,11 @@ from servekeeper.providers.host_environments import HostEnvironments
 from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
 from servekeeper.providers.pool_liveness import look
 from servekeeper.providers.pool_moves import MOVED_FIELDS, place_move, stop_left_behind
+from servekeeper.providers.pool_nodes import stop_pool_node
 from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, host_rooms, place_cluster
 from servekeeper.providers.ray_start import group_args
 from servekeeper.providers.ssh import HostConnection, SshError
-from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
+from servekeeper.providers.ssh_nodes import SshNodes
 from servekeeper.store.store import Store
 
 logger = logging.getLogger(__name__)
@@ -322,6 +323,11 @@ class PoolProvider:
         self._liveness[cluster.name] = (pids, now, result)
         return result
 
+    async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
+        left = await stop_pool_node(self.ssh(cluster.pool or ""), cluster.nodes[index])
+        if left:
+            raise RetryableProviderError(f"node {index} of {cluster.name} is not stopped yet: {', '.join(left)}")
+
     async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> list[str]:
         """Stop every node not stopped yet (those never recorded as running too, by their tag);
         what could not be stopped, described (empty when all is gone). Each node stopped for sure
@@ -335,19 +341,12 @@ class PoolProvider:
         nodes = list(cluster.nodes)
 
         async def stop(index: int) -> list[str]:
-            node = nodes[index]
-            if node.stopped:
-                return []
-            try:
-                left = await ssh.stop(remote_node(node))
-            except (NodeUnreachable, SshError, ProviderError) as exc:
-                return [f"{node.role} node on {node.host}: {exc}"]
-            if left:
-                return [f"{node.host}:{pid}" for pid in left]
-            nodes[index] = replace(node, stopped=True)
-            if record is not None:
-                record(nodes=tuple(nodes))
-            return []
+            left = await stop_pool_node(ssh, nodes[index])
+            if not left and not nodes[index].stopped:
+                nodes[index] = replace(nodes[index], stopped=True)
+                if record is not None:
+                    record(nodes=tuple(nodes))
+            return left
 
         leftovers = [item for items in await asyncio.gather(*(stop(i) for i in range(len(nodes)))) for item in items]
         left = await stop_left_behind(ssh, self.store, cluster)

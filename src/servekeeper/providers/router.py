@@ -54,6 +54,9 @@ class ProviderRouter:
     def headers(self, cluster: ClusterRecord) -> dict[str, str]:
         return self._for(cluster).headers(cluster)
 
+    async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
+        await self._for(cluster).stop_node(cluster, index)
+
     async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> Sequence[int | str]:
         return await self._for(cluster).stop(cluster, record)
 

@@ -21,7 +21,7 @@ import psutil
 import yaml
 
 from servekeeper.client.common import LOCK_FILE_NAME
-from servekeeper.providers.local import session_members, tagged_processes
+from servekeeper.providers.local_processes import session_members, tagged_processes
 from servekeeper.providers.ports import PortAllocator
 
 REPO = Path(__file__).resolve().parents[3]  # src/servekeeper/testing/harness.py -> the checkout
