@@ -21,11 +21,13 @@ from pydantic import BaseModel
 
 from servekeeper.api.errors import ERROR_RESPONSES, add_error_handler
 from servekeeper.api.hosts import host_routes
+from servekeeper.api.nodes import node_route_cluster, node_routes
 from servekeeper.api.rollouts import rollout_routes
 from servekeeper.api.services import event_routes, service_routes
 from servekeeper.commands.apply import ApplyCommand
 from servekeeper.commands.context import CommandContext
 from servekeeper.commands.hosts import HostPoolCommands
+from servekeeper.commands.nodes import NodeCommands, node_token
 from servekeeper.commands.rollouts import RolloutCommands
 from servekeeper.commands.services import ServiceCommands
 from servekeeper.controller.loop import Controller
@@ -73,6 +75,7 @@ def build_app(
         return {"ok": True}
 
     app.include_router(host_routes(HostPoolCommands(store)))  # host pools for multi-host clusters (issue 10)
+    app.include_router(node_routes(NodeCommands(context)))  # Ray's autoscaler, from a cluster's head (issue 22)
     if dashboard is not None:
         source = ViewSource(services=services.views, service=services.find, events=services.events, commands=rollouts)
         app.include_router(dashboard_router(dashboard, source))
@@ -90,6 +93,14 @@ def _require_token(app: FastAPI, token: str, *, dashboard_open: bool) -> None:
         path = request.url.path
         if path != "/openapi.json" and not (dashboard_open and (path == "/ui" or path.startswith("/ui/"))):
             given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
+            if not (hmac.compare_digest(given, expected) or _node_token_fits(path, given, token)):
                 return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401)
         return await call_next(request)
+
+
+def _node_token_fits(path: str, given: bytes, token: str) -> bool:
+    """A cluster's node token opens that cluster's node routes, and nothing else."""
+    cluster = node_route_cluster(path)
+    if cluster is None:
+        return False
+    return hmac.compare_digest(given, f"Bearer {node_token(token, cluster)}".encode())

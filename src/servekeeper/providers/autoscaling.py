@@ -13,6 +13,8 @@ same way, so one provider serves both.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from typing import Any
 
 from servekeeper.model.cluster_spec import AutoscalerOptionsSpec, HeadGroupSpec, RayClusterConfigSpec
@@ -147,3 +149,10 @@ def releasable(cluster: ClusterRecord, node_id: int) -> int:
                 raise NodeRequestRefused(f"node {node_id} is the head of {cluster.name}: it is not released")
             return index
     raise NodeRequestRefused(f"cluster {cluster.name} has no running node {node_id}")
+
+
+def node_api_token(secret: str, cluster: str) -> str:
+    """The token the module on `cluster`'s head calls the node API with: derived from the
+    daemon's own (`secret`), so nothing more is stored, and one-way, so a head holding it can
+    neither act as the admin nor reach another cluster's nodes."""
+    return hmac.new(secret.encode(), f"servekeeper-nodes:{cluster}".encode(), hashlib.sha256).hexdigest()

@@ -1,0 +1,102 @@
+"""What Ray's autoscaler asks of a cluster (issue 22), through the module on its head
+(providers/node_provider): its nodes, more of a group, a node's tags, one node released.
+
+A launch is only recorded (intent, one store write): the controller's next tick starts the
+nodes whose pid is None, as it starts any node, so a crash between the two starts each once. A
+release stops the node first and then records it stopped; a node recorded stopped never runs.
+Ray's own tags beyond kind and type (its launch hash, a node's name) live here, in memory:
+with `disable_launch_config_check` the monitor reads none of them back after a restart."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from servekeeper.commands.context import CommandContext
+from servekeeper.commands.errors import Conflict, NotFound
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.records import ClusterRecord, Event
+from servekeeper.providers.autoscaling import (
+    HEAD_NODE_TYPE,
+    NodeRequestRefused,
+    launched,
+    node_api_token,
+    releasable,
+)
+from servekeeper.providers.base import with_nodes
+
+KIND_TAG = "ray-node-kind"  # Ray's tag names (ray.autoscaler.tags), which its monitor filters by
+TYPE_TAG = "ray-user-node-type"
+
+
+def node_token(secret: str, cluster: str) -> str:
+    """The token that opens `cluster`'s node routes (derived from the daemon's `secret`)."""
+    return node_api_token(secret, cluster)
+
+
+class NodeCommands:
+    def __init__(self, context: CommandContext) -> None:
+        self.store = context.store
+        self.controller = context.controller
+        self.tags: dict[tuple[str, int], dict[str, str]] = {}
+
+    def _cluster(self, name: str) -> tuple[ClusterRecord, RayClusterConfigSpec]:
+        cluster = self.store.get_cluster(name)
+        if cluster is None:
+            raise NotFound(f"cluster {name!r} not found")
+        config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+        if not config.enableInTreeAutoscaling:
+            raise Conflict(f"cluster {name!r} is not autoscaled (enableInTreeAutoscaling is not true)")
+        return cluster, config
+
+    def nodes(self, name: str) -> dict[str, Any]:
+        cluster, _ = self._cluster(name)
+        listed = []
+        for node in cluster.nodes:
+            if node.stopped or node.node_id is None:
+                continue
+            node_type = node.group or HEAD_NODE_TYPE
+            tags = {**self.tags.get((name, node.node_id), {}), KIND_TAG: node.role, TYPE_TAG: node_type}
+            status = "running" if node.pid is not None else "pending"
+            listed.append({"id": node.node_id, "type": node_type, "status": status, "tags": tags})
+        return {"nodes": listed}
+
+    def launch(self, name: str, node_type: str, count: int, tags: dict[str, str]) -> dict[str, Any]:
+        cluster, config = self._cluster(name)
+        try:
+            cluster, ids = launched(cluster, config, node_type, count)
+        except NodeRequestRefused as exc:
+            raise Conflict(str(exc)) from None
+        self.store.update_cluster(name, nodes=cluster.nodes)
+        for node_id in ids:
+            self.tags[(name, node_id)] = dict(tags)
+        message = f"Ray's autoscaler asked for {count} {node_type} node(s) on {name}: ids {ids}"
+        self.store.add_events([Event(cluster.service, self.controller.clock(), "Normal", "NodeAdded", message)])
+        self.controller.wake(cluster.service)
+        return {"ids": ids}
+
+    def set_tags(self, name: str, node_id: int, tags: dict[str, str]) -> dict[str, Any]:
+        self._cluster(name)
+        self.tags.setdefault((name, node_id), {}).update(tags)
+        return {}
+
+    async def release(self, name: str, node_id: int) -> dict[str, Any]:
+        cluster, _ = self._cluster(name)
+        try:
+            index = releasable(cluster, node_id)
+        except NodeRequestRefused as exc:
+            raise Conflict(str(exc)) from None
+        await self.controller.provider.stop_node(cluster, index)
+        current = self.store.get_cluster(name) or cluster  # read again: a tick may have written meanwhile
+        released = with_nodes(
+            current,
+            (
+                replace(node, stopped=True, pid=None, session_id=None) if node.node_id == node_id else node
+                for node in current.nodes
+            ),
+        )
+        self.store.update_cluster(name, nodes=released.nodes, worker_pids=released.worker_pids)
+        self.tags.pop((name, node_id), None)
+        message = f"Ray's autoscaler released node {node_id} of {name} (idle)"
+        self.store.add_events([Event(cluster.service, self.controller.clock(), "Normal", "NodeRemoved", message)])
+        return {}

@@ -1,0 +1,101 @@
+"""The node API Ray's autoscaler calls from a cluster's head (issue 22), against the real API app
+in-process and a real store: a launch is recorded (unstarted) and told, a release stops the node
+through the provider and records it stopped, bounds and the head are refused; and the cluster's
+node token opens that cluster's node routes and nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from servekeeper.api.app import build_app
+from servekeeper.commands.nodes import node_token
+from servekeeper.model.records import ClusterRecord
+from servekeeper.store.store import Store
+from tests.unit.test_autoscaling_config import autoscaled_cluster
+from tests.unit.test_client import TOKEN, FakeController
+
+URL = "/api/v1/clusters/c/nodes"
+
+
+class StopRecorder:
+    def __init__(self) -> None:
+        self.stopped: list[tuple[str, int]] = []
+
+    async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
+        self.stopped.append((cluster.name, index))
+
+
+class NodeController(FakeController):
+    def __init__(self) -> None:
+        self.provider = StopRecorder()
+        self.woken: list[str] = []
+
+    def wake(self, name: str) -> None:
+        self.woken.append(name)
+
+    def clock(self) -> float:
+        return 1000.0
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[tuple[TestClient, Store, NodeController]]:
+    store = Store(tmp_path / "store.db")
+    cluster, _ = autoscaled_cluster()
+    store.put_cluster(cluster)
+    controller = NodeController()
+
+    async def shutdown(stop_clusters: bool) -> None:
+        return None
+
+    with TestClient(build_app(controller, store, TOKEN, shutdown)) as client:  # type: ignore[arg-type]
+        yield client, store, controller
+    store.close()
+
+
+def as_node(cluster: str = "c") -> dict[str, str]:
+    return {"Authorization": f"Bearer {node_token(TOKEN, cluster)}"}
+
+
+def test_a_launch_is_recorded_unstarted_and_listed_then_a_release_stops_and_records_it(world: Any) -> None:
+    client, store, controller = world
+    listed = client.get(URL, headers=as_node()).json()["nodes"]
+    assert [(n["id"], n["type"], n["status"]) for n in listed] == [(0, "head", "pending"), (1, "cpu", "pending")]
+    assert listed[1]["tags"] == {"ray-node-kind": "worker", "ray-user-node-type": "cpu"}
+
+    answer = client.post(URL, json={"type": "cpu", "count": 2, "tags": {"ray-launch-config": "h"}}, headers=as_node())
+    assert answer.status_code == 200 and answer.json() == {"ids": [2, 3]}
+    stored = store.get_cluster("c")
+    assert stored is not None and [n.node_id for n in stored.nodes if n.pid is None] == [0, 1, 2, 3]
+    assert controller.woken == [stored.service]
+    tags = client.get(URL, headers=as_node()).json()["nodes"][2]["tags"]
+    assert tags["ray-launch-config"] == "h"  # Ray's own tags are kept and given back
+    assert client.post(f"{URL}/2/tags", json={"tags": {"ray-node-name": "w2"}}, headers=as_node()).status_code == 200
+
+    refused = client.post(URL, json={"type": "cpu", "count": 1}, headers=as_node())
+    assert refused.status_code == 409 and "maxReplicas (3)" in refused.json()["detail"]
+    assert client.delete(f"{URL}/0", headers=as_node()).status_code == 409  # the head is not released
+
+    assert client.delete(f"{URL}/2", headers=as_node()).status_code == 200
+    assert controller.provider.stopped == [("c", 2)]
+    stored = store.get_cluster("c")
+    assert stored is not None and stored.nodes[2].stopped and stored.nodes[2].pid is None
+    assert [n["id"] for n in client.get(URL, headers=as_node()).json()["nodes"]] == [0, 1, 3]
+    reasons = [event.reason for event in store.list_events(stored.service)]
+    assert reasons.count("NodeAdded") == 1 and reasons.count("NodeRemoved") == 1
+
+
+def test_a_node_token_opens_its_own_clusters_node_routes_only(world: Any) -> None:
+    client, _, _ = world
+    assert client.get(URL, headers=as_node()).status_code == 200
+    assert client.get(URL, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200  # the admin's too
+    assert client.get("/api/v1/clusters/other/nodes", headers=as_node()).status_code == 401
+    assert client.get("/api/v1/services", headers=as_node()).status_code == 401
+    assert client.post("/api/v1/shutdown", json={}, headers=as_node()).status_code == 401
+    assert client.get(URL, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert client.get("/api/v1/clusters/missing/nodes").status_code == 401
+    assert client.get("/api/v1/clusters/missing/nodes", headers=as_node("missing")).status_code == 404
