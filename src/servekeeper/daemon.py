@@ -40,6 +40,7 @@ from servekeeper.model.enums import SwitchGate
 from servekeeper.providers.environments import environments_of
 from servekeeper.providers.host_environments import HostEnvironments
 from servekeeper.providers.local import LocalProvider
+from servekeeper.providers.local_monitor import NodeApi
 from servekeeper.providers.pool import PoolProvider
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.redis_server import RedisServer, redis_dir
@@ -123,7 +124,8 @@ async def run_daemon(
         await dataplane.start_or_adopt()
         hooks = hooks_from_environment()  # tests and benchmarks only; production gets no-op hooks
         controller_metrics = ControllerMetrics()
-        provider = _providers(store, state_dir, hooks)
+        port = api_port or PortAllocator().one()
+        provider = _providers(store, state_dir, hooks, NodeApi(f"http://{_url_host(api_host)}:{port}", token))
         controller = Controller(
             store, provider, dataplane, session, state_dir, gate=gate, hooks=hooks, metrics=controller_metrics
         )
@@ -135,7 +137,6 @@ async def run_daemon(
         dashboard = Dashboard()  # /ui: its logins, and the ingress stats its charts draw
         sampler = asyncio.create_task(dashboard.history.run(dataplane.backend_stats, stop), name="stats-history")
         shutdown = _ShutdownRequest()
-        port = api_port or PortAllocator().one()
         app = build_app(
             controller, store, token, shutdown.request, packages_dir=state_dir / "packages", dashboard=dashboard
         )
@@ -163,12 +164,12 @@ async def run_daemon(
             lock.close()
 
 
-def _providers(store: Store, state_dir: Path, hooks: Hooks) -> ProviderRouter:
+def _providers(store: Store, state_dir: Path, hooks: Hooks, node_api: NodeApi) -> ProviderRouter:
     """Built once: each cluster goes to this machine's provider or its host pool's; both find a
     cluster's own environment under one state dir."""
     environments = environments_of(state_dir)
     pool = PoolProvider(store, state_dir, host_environments=HostEnvironments(environments))
-    return ProviderRouter(LocalProvider(hooks, environments), pool)
+    return ProviderRouter(LocalProvider(hooks, environments, node_api), pool)
 
 
 async def _wind_down(stop: asyncio.Event, tasks: tuple[asyncio.Task[None], ...]) -> None:

@@ -64,8 +64,11 @@ def as_node(cluster: str = "c") -> dict[str, str]:
 def test_a_launch_is_recorded_unstarted_and_listed_then_a_release_stops_and_records_it(world: Any) -> None:
     client, store, controller = world
     listed = client.get(URL, headers=as_node()).json()["nodes"]
-    assert [(n["id"], n["type"], n["status"]) for n in listed] == [(0, "head", "pending"), (1, "cpu", "pending")]
-    assert listed[1]["tags"] == {"ray-node-kind": "worker", "ray-user-node-type": "cpu"}
+    assert [(n["id"], n["kind"], n["type"], n["status"]) for n in listed] == [
+        (0, "head", "head", "pending"),
+        (1, "worker", "cpu", "pending"),
+    ]
+    assert listed[1]["tags"] == {}
 
     answer = client.post(URL, json={"type": "cpu", "count": 2, "tags": {"ray-launch-config": "h"}}, headers=as_node())
     assert answer.status_code == 200 and answer.json() == {"ids": [2, 3]}

@@ -50,7 +50,7 @@ class FakeNodesApi:
             body = await request.json()
             ids = []
             for _ in range(body["count"]):
-                self.nodes[self.next_id] = {"type": body["type"], "status": "pending", "tags": body["tags"]}
+                self.nodes[self.next_id] = {"kind": "worker", "type": body["type"], "status": "pending", "tags": {}}
                 ids.append(self.next_id)
                 self.next_id += 1
             return web.json_response({"ids": ids})
@@ -84,6 +84,9 @@ async def test_launches_tags_and_terminations_are_relayed_and_read_back(api_and_
     ids = await asyncio.to_thread(provider.non_terminated_nodes, {TAG_RAY_USER_NODE_TYPE: "cpu"})
     assert ids == ["1", "2"]
     assert not provider.is_running("1") and provider.node_tags("1")[TAG_RAY_NODE_STATUS] == STATUS_SETTING_UP
+    # Ray's monitor filters by these two, named by Ray: set here from the API's kind and type
+    assert provider.node_tags("1")[TAG_RAY_NODE_KIND] == NODE_KIND_WORKER
+    assert provider.node_tags("1")[TAG_RAY_USER_NODE_TYPE] == "cpu"
     assert provider.internal_ip("1") == "1"  # use_node_id_as_ip
 
     api.nodes[1]["status"] = "running"

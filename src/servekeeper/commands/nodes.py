@@ -25,9 +25,6 @@ from servekeeper.providers.autoscaling import (
 )
 from servekeeper.providers.base import with_nodes
 
-KIND_TAG = "ray-node-kind"  # Ray's tag names (ray.autoscaler.tags), which its monitor filters by
-TYPE_TAG = "ray-user-node-type"
-
 
 def node_token(secret: str, cluster: str) -> str:
     """The token that opens `cluster`'s node routes (derived from the daemon's `secret`)."""
@@ -55,10 +52,16 @@ class NodeCommands:
         for node in cluster.nodes:
             if node.stopped or node.node_id is None:
                 continue
-            node_type = node.group or HEAD_NODE_TYPE
-            tags = {**self.tags.get((name, node.node_id), {}), KIND_TAG: node.role, TYPE_TAG: node_type}
-            status = "running" if node.pid is not None else "pending"
-            listed.append({"id": node.node_id, "type": node_type, "status": status, "tags": tags})
+            # kind and type become Ray's own tags in the module on the head, which knows their names
+            listed.append(
+                {
+                    "id": node.node_id,
+                    "kind": node.role,
+                    "type": node.group or HEAD_NODE_TYPE,
+                    "status": "running" if node.pid is not None else "pending",
+                    "tags": self.tags.get((name, node.node_id), {}),
+                }
+            )
         return {"nodes": listed}
 
     def launch(self, name: str, node_type: str, count: int, tags: dict[str, str]) -> dict[str, Any]:

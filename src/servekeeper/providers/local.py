@@ -36,6 +36,7 @@ from servekeeper.providers.base import (
 )
 from servekeeper.providers.environments import Environment, Environments
 from servekeeper.providers.gcs_storage import node_env
+from servekeeper.providers.local_monitor import NodeApi, monitor_files
 from servekeeper.providers.local_nodes import (
     NODE_TAG_ENV,
     check_gcs_kept,
@@ -93,9 +94,12 @@ def _environment(
 
 
 class LocalProvider:
-    def __init__(self, hooks: Hooks | None = None, environments: Environments | None = None) -> None:
+    def __init__(
+        self, hooks: Hooks | None = None, environments: Environments | None = None, node_api: NodeApi | None = None
+    ) -> None:
         self.hooks = hooks or Hooks()
         self.environments = environments  # None: every cluster runs the controller's own Ray
+        self.node_api = node_api  # None: no cluster of it is autoscaled (Ray's monitor has no one to ask)
         # Children we started in this process: reaped so they do not linger as zombies.
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -139,8 +143,14 @@ class LocalProvider:
         ray = str(environment.ray) if environment is not None else ray_executable()
         if index == 0:
             extra = {**config.head.env, **node_env(config, "head", cluster.name, cluster.temp_dir, None)}
+            command = head_command(cluster, config.head, ray, config.enableInTreeAutoscaling)
+            if config.enableInTreeAutoscaling:
+                if self.node_api is None:
+                    raise PermanentProviderError("autoscaling needs the daemon's node API (run the cluster under `up`)")
+                flags, monitor_env = monitor_files(cluster, config, self.node_api)
+                command, extra = [*command, *flags], {**extra, **monitor_env}
             env = _environment(cluster, 0, extra, loopback_only=config.max_worker_count() == 0, own=environment)
-            return self._spawn(head_command(cluster, config.head, ray, config.enableInTreeAutoscaling), env, log_path)
+            return self._spawn(command, env, log_path)
         group = worker_group_of(config, node, index)
         extra = {**group.env, **node_env(config, "worker", cluster.name, cluster.temp_dir, None)}
         env = _environment(cluster, index, extra, loopback_only=False, own=environment)

@@ -11,7 +11,7 @@ when released, so a monitor that restarts, or a controller that crashes mid-laun
 node and starts none twice. Its API (token scoped to this cluster's nodes, read from a file on
 the head, never from argv or the config):
 
-    GET    /api/v1/clusters/<cluster>/nodes            -> {"nodes": [{"id", "type", "status", "tags"}]}
+    GET    /api/v1/clusters/<cluster>/nodes            -> {"nodes": [{"id", "kind", "type", "status", "tags"}]}
     POST   /api/v1/clusters/<cluster>/nodes            {"type", "count", "tags"} -> {"ids": [...]}
     POST   /api/v1/clusters/<cluster>/nodes/<id>/tags  {"tags"}
     DELETE /api/v1/clusters/<cluster>/nodes/<id>
@@ -29,7 +29,15 @@ from typing import Any
 
 from ray.autoscaler.node_launch_exception import NodeLaunchException
 from ray.autoscaler.node_provider import NodeProvider as RayNodeProvider
-from ray.autoscaler.tags import STATUS_SETTING_UP, STATUS_UP_TO_DATE, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
+from ray.autoscaler.tags import (
+    NODE_KIND_HEAD,
+    NODE_KIND_WORKER,
+    STATUS_SETTING_UP,
+    STATUS_UP_TO_DATE,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_NODE_STATUS,
+    TAG_RAY_USER_NODE_TYPE,
+)
 
 REQUEST_TIMEOUT_SECONDS = 10
 
@@ -61,6 +69,8 @@ class NodeProvider(RayNodeProvider):
         nodes = {}
         for node in self._call("GET")["nodes"]:
             tags = dict(node["tags"])
+            tags[TAG_RAY_NODE_KIND] = NODE_KIND_HEAD if node["kind"] == "head" else NODE_KIND_WORKER
+            tags[TAG_RAY_USER_NODE_TYPE] = node["type"]
             tags[TAG_RAY_NODE_STATUS] = STATUS_UP_TO_DATE if node["status"] == "running" else STATUS_SETTING_UP
             nodes[str(node["id"])] = {"status": node["status"], "tags": tags}
         self._nodes = nodes

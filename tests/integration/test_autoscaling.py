@@ -1,0 +1,83 @@
+"""Node autoscaling on one machine (issue 22), end to end on real Ray: the head runs Ray's own
+monitor, which asks servekeeper's node API for worker nodes; servekeeper records and starts them
+like any node, and stops the ones Ray releases. A cluster that starts with no worker gets ready
+only once Ray asked for the node its replica needs; more replicas get more nodes, up to
+maxReplicas; fewer leave idle nodes that Ray releases after idleTimeoutSeconds; nothing fails."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
+from servekeeper.testing.load import Load
+
+pytestmark = pytest.mark.ray
+
+NAME = "scaled"
+IDLE_SECONDS = 10
+
+
+def spec(port: int, replicas: int) -> dict[str, Any]:
+    document = hello_spec(NAME, port, head_cpus=0)  # the replicas need the workers' CPUs
+    config = document["spec"]["rayClusterConfig"]
+    config["enableInTreeAutoscaling"] = True
+    config["autoscalerOptions"] = {"idleTimeoutSeconds": IDLE_SECONDS}
+    config["workerGroups"] = [{"name": "cpu", "replicas": 0, "minReplicas": 0, "maxReplicas": 2, "numCpus": 1}]
+    app = document["spec"]["serveConfig"]["applications"][0]
+    app["deployments"] = [{"name": "Hello", "num_replicas": replicas, "ray_actor_options": {"num_cpus": 1}}]
+    return document
+
+
+@pytest.fixture(scope="module")
+def sk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servekeeper]:
+    daemon = Servekeeper(Path(tempfile.mkdtemp(prefix="skstate-")), tmp_path_factory.mktemp("autoscaling"))
+    daemon.up()
+    try:
+        yield daemon
+    finally:
+        leftovers = daemon.down_and_check_nothing_left()
+        assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def running_workers(sk: Servekeeper) -> list[dict[str, Any]]:
+    (cluster,) = sk.clusters()
+    nodes = json.loads(cluster["nodes_json"])
+    return [n for n in nodes if n["role"] == "worker" and not n["stopped"] and n["pid"] is not None]
+
+
+def test_ray_asks_for_the_nodes_its_replicas_need_and_releases_idle_ones(sk: Servekeeper) -> None:
+    port = free_port()
+    started = time.monotonic()
+    sk.apply(spec(port, replicas=1))
+    assert sk.wait(NAME, timeout=300) == 0, sk.cli("events", NAME).stdout[-3000:]
+    print(f"ready with a node Ray asked for after {time.monotonic() - started:.1f} s")
+    assert httpx.get(f"http://127.0.0.1:{port}/").text == "v1"
+    assert [(n["group"], n["node_id"]) for n in running_workers(sk)] == [("cpu", 1)]
+    assert "NodeAdded" in sk.events(NAME)
+
+    with Load(f"http://127.0.0.1:{port}/", clients=8, post_share=0.5) as load:
+        wait_until(lambda: load.result.ok > 20, 30, "load to start")
+        asked = time.monotonic()
+        sk.apply(spec(port, replicas=2))  # in place: Serve asks for a replica no node has room for
+        wait_until(lambda: len(running_workers(sk)) == 2, 180, "a second node")
+        assert sk.wait(NAME, timeout=180) == 0
+        print(f"second node running {time.monotonic() - asked:.1f} s after the change")
+        fewer = time.monotonic()
+        sk.apply(spec(port, replicas=1))
+        wait_until(lambda: len(running_workers(sk)) == 1, IDLE_SECONDS + 120, "the idle node released")
+        print(f"idle node released {time.monotonic() - fewer:.1f} s after the change")
+        time.sleep(2)
+        result = load.stop()
+    print(f"under load: {result.ok} ok, {dict(result.failures)}")
+    assert result.failed == 0, result.failures
+    assert result.by_method["GET"] > 0 and result.by_method["POST"] > 0
+    assert "NodeRemoved" in sk.events(NAME)
+    assert httpx.get(f"http://127.0.0.1:{port}/").text == "v1"
