@@ -2,7 +2,8 @@
 monitor, which asks servekeeper's node API for worker nodes; servekeeper records and starts them
 like any node, and stops the ones Ray releases. A cluster that starts with no worker gets ready
 only once Ray asked for the node its replica needs; more replicas get more nodes, up to
-maxReplicas; fewer leave idle nodes that Ray releases after idleTimeoutSeconds; nothing fails."""
+maxReplicas; an upgrade at peak starts the new cluster with the active's node count; fewer
+replicas leave idle nodes that Ray releases after idleTimeoutSeconds; nothing fails."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ NAME = "scaled"
 IDLE_SECONDS = 10
 
 
-def spec(port: int, replicas: int) -> dict[str, Any]:
-    document = hello_spec(NAME, port, head_cpus=0)  # the replicas need the workers' CPUs
+def spec(port: int, replicas: int, msg: str = "v1") -> dict[str, Any]:
+    # the replicas need the workers' CPUs; a new msg is a new cluster (serveConfigUpdate: NewCluster)
+    document = hello_spec(NAME, port, msg=msg, head_cpus=0, serveConfigUpdate="NewCluster")
     config = document["spec"]["rayClusterConfig"]
     config["enableInTreeAutoscaling"] = True
     config["autoscalerOptions"] = {"idleTimeoutSeconds": IDLE_SECONDS}
@@ -47,8 +49,9 @@ def sk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servekeeper]:
         assert not leftovers, f"processes left behind: {leftovers}"
 
 
-def running_workers(sk: Servekeeper) -> list[dict[str, Any]]:
-    (cluster,) = sk.clusters()
+def running_workers(sk: Servekeeper, cluster_name: str | None = None) -> list[dict[str, Any]]:
+    name = cluster_name or sk.api_get(NAME)["activeCluster"]["name"]
+    (cluster,) = [c for c in sk.clusters() if c["name"] == name]
     nodes = json.loads(cluster["nodes_json"])
     return [n for n in nodes if n["role"] == "worker" and not n["stopped"] and n["pid"] is not None]
 
@@ -70,8 +73,15 @@ def test_ray_asks_for_the_nodes_its_replicas_need_and_releases_idle_ones(sk: Ser
         wait_until(lambda: len(running_workers(sk)) == 2, 180, "a second node")
         assert sk.wait(NAME, timeout=180) == 0
         print(f"second node running {time.monotonic() - asked:.1f} s after the change")
+        # An upgrade at peak: the new cluster starts with the active's two nodes, not its replicas (0)
+        before = sk.api_get(NAME)["activeCluster"]["name"]
+        sk.apply(spec(port, replicas=2, msg="v2"))
+        wait_until(lambda: sk.api_get(NAME)["activeCluster"]["name"] != before, 300, "the switch")
+        assert sk.wait(NAME, timeout=180) == 0
+        assert len(running_workers(sk)) == 2, "started with the active's node count"
+        wait_until(lambda: len(sk.clusters()) == 1, 120, "the old cluster drained and deleted")
         fewer = time.monotonic()
-        sk.apply(spec(port, replicas=1))
+        sk.apply(spec(port, replicas=1, msg="v2"))
         wait_until(lambda: len(running_workers(sk)) == 1, IDLE_SECONDS + 120, "the idle node released")
         print(f"idle node released {time.monotonic() - fewer:.1f} s after the change")
         time.sleep(2)
@@ -80,4 +90,5 @@ def test_ray_asks_for_the_nodes_its_replicas_need_and_releases_idle_ones(sk: Ser
     assert result.failed == 0, result.failures
     assert result.by_method["GET"] > 0 and result.by_method["POST"] > 0
     assert "NodeRemoved" in sk.events(NAME)
-    assert httpx.get(f"http://127.0.0.1:{port}/").text == "v1"
+    assert set(result.bodies) == {"v1", "v2"}
+    assert httpx.get(f"http://127.0.0.1:{port}/").text == "v2"

@@ -18,6 +18,7 @@ import yaml
 
 from servekeeper.core.planner.workers import expected_workers
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord
 from servekeeper.model.spec import SpecError, parse_spec
 from servekeeper.providers.autoscaling import (
@@ -27,6 +28,7 @@ from servekeeper.providers.autoscaling import (
     launched,
     node_id_resource,
     releasable,
+    scaled_like,
 )
 from servekeeper.providers.base import launched_into
 from servekeeper.providers.local import LocalProvider
@@ -307,3 +309,17 @@ async def test_a_released_local_node_gets_sigterm_and_its_leftovers_go_the_other
         for process in (kept, released):
             process.kill()
             process.wait()
+
+
+def test_a_new_cluster_starts_at_the_node_count_the_active_has_now_within_bounds() -> None:
+    active, config = autoscaled_cluster()
+    active, _ = launched(active, config, "cpu", 2)  # scaled out to 3 cpu nodes
+    active = active.with_changes(role=ClusterRole.ACTIVE)
+    other_service = active.with_changes(name="x", service="other")
+    scaled = scaled_like(config, active.service, [other_service, active])
+    assert [(g.name, g.replicas) for g in scaled.workerGroups] == [("cpu", 3), ("gpu", 0)]
+    assert scaled_like(config, "other-service", [active]) is config  # no active of its own
+    fixed = parse_spec(VALID).spec.rayClusterConfig
+    assert scaled_like(fixed, active.service, [active]) is fixed  # not autoscaled: as declared
+    legacy = active.with_changes(nodes=tuple(replace(n, group=None) for n in active.nodes))
+    assert scaled_like(config, active.service, [legacy]) is config

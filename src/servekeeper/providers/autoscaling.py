@@ -18,6 +18,7 @@ import hmac
 from typing import Any
 
 from servekeeper.model.cluster_spec import AutoscalerOptionsSpec, HeadGroupSpec, RayClusterConfigSpec
+from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.local_nodes import LOCAL_HOST
 from servekeeper.providers.ray_start import NODE_ID_RESOURCE
@@ -156,3 +157,20 @@ def node_api_token(secret: str, cluster: str) -> str:
     daemon's own (`secret`), so nothing more is stored, and one-way, so a head holding it can
     neither act as the admin nor reach another cluster's nodes."""
     return hmac.new(secret.encode(), f"servekeeper-nodes:{cluster}".encode(), hashlib.sha256).hexdigest()
+
+
+def scaled_like(config: RayClusterConfigSpec, service: str, clusters: list[ClusterRecord]) -> RayClusterConfigSpec:
+    """The config a new cluster of `service` starts with: with Ray's autoscaler, each group at
+    the node count the service's active cluster has now (within the group's bounds), so that
+    an upgrade at peak does not start small and wait for Ray to scale it up again under load."""
+    active = next((c for c in clusters if c.service == service and c.role == ClusterRole.ACTIVE), None)
+    if not config.enableInTreeAutoscaling or active is None:
+        return config
+    running = [node.group for node in active.nodes if node.role == "worker" and not node.stopped]
+    if not running or None in running:  # not autoscaled, or recorded before nodes kept a group
+        return config
+    groups = [
+        group.model_copy(update={"replicas": min(max(running.count(group.name), group.min_nodes()), group.max_nodes())})
+        for group in config.workerGroups
+    ]
+    return config.model_copy(update={"workerGroups": groups})

@@ -25,6 +25,7 @@ from servekeeper.core.hooks import Hooks
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.records import ClusterRecord, NodePlacement
+from servekeeper.providers.autoscaling import scaled_like
 from servekeeper.providers.base import (
     ClusterRecords,
     Liveness,
@@ -307,8 +308,12 @@ def store_with_local_ports(
     """`draft` with ports free on this machine and taken by no other cluster (and its `nodes`
     records, placed on those ports), stored. A port a service's ingress declares is never
     taken, bound or not: Ray holding it would keep that ingress from ever listening."""
-    reserved = [port for other in records.list_clusters() for port in other.ports.all_ports()]
+    clusters = records.list_clusters()
+    reserved = [port for other in clusters for port in other.ports.all_ports()]
     reserved += records.declared_ports()
+    scaled = scaled_like(config, draft.service, clusters)
+    if scaled is not config:  # recorded as started: its nodes are placed from it
+        config, draft = scaled, draft.with_changes(cluster_spec_json=scaled.model_dump_json())
     cluster = draft.with_changes(ports=allocator(reserved).cluster(worker_nodes=config.max_worker_count()))
     if nodes is not None:
         cluster = cluster.with_changes(nodes=nodes(cluster, config))
