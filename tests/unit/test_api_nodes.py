@@ -65,7 +65,7 @@ def test_a_launch_is_recorded_unstarted_and_listed_then_a_release_stops_and_reco
     client, store, controller = world
     listed = client.get(URL, headers=as_node()).json()["nodes"]
     assert [(n["id"], n["kind"], n["type"], n["status"]) for n in listed] == [
-        (0, "head", "head", "pending"),
+        (0, "head", "ray.head.default", "pending"),
         (1, "worker", "cpu", "pending"),
     ]
     assert listed[1]["tags"] == {}
@@ -84,6 +84,8 @@ def test_a_launch_is_recorded_unstarted_and_listed_then_a_release_stops_and_reco
     assert client.delete(f"{URL}/0", headers=as_node()).status_code == 409  # the head is not released
 
     assert client.delete(f"{URL}/2", headers=as_node()).status_code == 200
+    assert controller.provider.stopped == [("c", 2)]
+    assert client.delete(f"{URL}/2", headers=as_node()).status_code == 200  # again: done already
     assert controller.provider.stopped == [("c", 2)]
     stored = store.get_cluster("c")
     assert stored is not None and stored.nodes[2].stopped and stored.nodes[2].pid is None

@@ -5,6 +5,7 @@ in the shape the spike ran on Ray 2.60 (../shared/DESIGN.md)."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from servekeeper.commands.nodes import node_token
 from servekeeper.core.planner.workers import expected_workers
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
@@ -32,6 +34,7 @@ from servekeeper.providers.autoscaling import (
 )
 from servekeeper.providers.base import launched_into
 from servekeeper.providers.local import LocalProvider
+from servekeeper.providers.local_monitor import NodeApi, monitor_files
 from servekeeper.providers.local_nodes import (
     NODE_TAG_ENV,
     head_command,
@@ -88,6 +91,11 @@ def test_replicas_outside_the_bounds_are_refused_naming_the_group() -> None:
     assert "workerGroups.0" in problem and "replicas (4) must lie within minReplicas (0) and maxReplicas (3)" in problem
 
 
+def test_autoscaling_on_a_host_pool_is_refused_until_pools_place_launched_nodes() -> None:
+    problem = problems_of({"enableInTreeAutoscaling": True, "hostPool": "fleet"})
+    assert "not available on a hostPool yet" in problem
+
+
 def test_bounds_or_options_without_the_autoscaler_are_refused() -> None:
     group = {"name": "cpu", "replicas": 1, "maxReplicas": 3}
     assert "needs enableInTreeAutoscaling: true" in problems_of({"workerGroups": [group]})
@@ -121,8 +129,12 @@ def test_the_monitors_config_has_each_group_as_a_node_type_within_its_bounds() -
         "disable_launch_config_check": True,
     }
     types = rendered["available_node_types"]
-    assert rendered["head_node_type"] == "head"
-    assert types["head"] == {"resources": {"CPU": 0, NODE_ID_RESOURCE: 0}, "node_config": {}, "max_workers": 0}
+    assert rendered["head_node_type"] == "ray.head.default"  # no worker group (a DNS label) can take it
+    assert types["ray.head.default"] == {
+        "resources": {"CPU": 0, NODE_ID_RESOURCE: 0},
+        "node_config": {},
+        "max_workers": 0,
+    }
     assert types["cpu"] == {"resources": {"CPU": 1}, "node_config": {}, "min_workers": 0, "max_workers": 3}
     assert types["gpu"]["resources"] == {"CPU": 4, "GPU": 1, "memory": 2**30}
     assert (types["gpu"]["min_workers"], types["gpu"]["max_workers"]) == (0, 2)
@@ -323,3 +335,19 @@ def test_a_new_cluster_starts_at_the_node_count_the_active_has_now_within_bounds
     assert scaled_like(fixed, active.service, [active]) is fixed  # not autoscaled: as declared
     legacy = active.with_changes(nodes=tuple(replace(n, group=None) for n in active.nodes))
     assert scaled_like(config, active.service, [legacy]) is config
+
+
+def test_the_heads_monitor_gets_the_module_its_config_and_a_private_token(tmp_path: Path) -> None:
+    cluster, config = autoscaled_cluster()
+    cluster = cluster.with_changes(log_dir=str(tmp_path / "c"))
+    head = config.head.model_copy(update={"env": {"PYTHONPATH": "/srv/mine"}})
+    config = config.model_copy(update={"head": head})
+    flags, env = monitor_files(cluster, config, NodeApi("http://127.0.0.1:9999", "daemon-secret"))
+    folder = tmp_path / "c" / "autoscaler"
+    assert flags == [f"--autoscaling-config={folder / 'autoscaling.json'}"]
+    assert env["PYTHONPATH"] == f"{folder}:/srv/mine"  # ahead of the user's own, not instead
+    token = folder / "node-token"
+    assert token.read_text() == node_token("daemon-secret", cluster.name) and token.stat().st_mode & 0o077 == 0
+    provider = json.loads((folder / "autoscaling.json").read_text())["provider"]
+    assert provider["token_file"] == str(token) and "daemon-secret" not in json.dumps(provider)
+    assert (folder / "servekeeper_node_provider.py").exists()

@@ -85,6 +85,8 @@ class NodeCommands:
 
     async def release(self, name: str, node_id: int) -> dict[str, Any]:
         cluster, _ = self._cluster(name)
+        if any(node.node_id == node_id and node.stopped for node in cluster.nodes):
+            return {}  # released already (Ray asks again after an error): done, not a conflict
         try:
             index = releasable(cluster, node_id)
         except NodeRequestRefused as exc:

@@ -23,7 +23,8 @@ from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.local_nodes import LOCAL_HOST
 from servekeeper.providers.ray_start import NODE_ID_RESOURCE
 
-HEAD_NODE_TYPE = "head"
+# Ray on Spark's name for the head's type: no worker group can take it (a group name is a DNS label).
+HEAD_NODE_TYPE = "ray.head.default"
 HEAD_NODE_ID = 0
 # What Ray's v1 config schema requires of every cluster config, though none of it applies to
 # nodes that servekeeper starts (the keys of Ray's own autoscaler/spark/defaults.yaml).

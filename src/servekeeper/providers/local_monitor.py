@@ -45,6 +45,8 @@ def monitor_files(
     provider = {"module": PROVIDER_CLASS, "servekeeper_url": api.url, "cluster": cluster.name, "token_file": str(token)}
     config_file = directory / "autoscaling.json"
     config_file.write_text(json.dumps(autoscaling_config(cluster.name, config, provider), indent=2))
-    search_path = os.pathsep.join(p for p in (str(directory), os.environ.get("PYTHONPATH", "")) if p)
+    # ahead of the head's own PYTHONPATH (the spec's, else the daemon's), never instead of it
+    own = config.head.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    search_path = os.pathsep.join(p for p in (str(directory), own) if p)
     env = {"PYTHONPATH": search_path, "AUTOSCALER_UPDATE_INTERVAL_S": str(UPDATE_INTERVAL_SECONDS)}
     return [f"--autoscaling-config={config_file}"], env
