@@ -6,6 +6,7 @@ node token opens that cluster's node routes and nothing else."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,15 @@ URL = "/api/v1/clusters/c/nodes"
 class StopRecorder:
     def __init__(self) -> None:
         self.stopped: list[tuple[str, int]] = []
+        self.store: Store | None = None
+        self.stored_while_stopping: list[Any] = []
 
     async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
         self.stopped.append((cluster.name, index))
+        if self.store is not None:  # what a crash at this point would leave
+            stored = self.store.get_cluster(cluster.name)
+            assert stored is not None
+            self.stored_while_stopping.append(stored.nodes[index])
 
 
 class NodeController(FakeController):
@@ -48,6 +55,7 @@ def world(tmp_path: Path) -> Iterator[tuple[TestClient, Store, NodeController]]:
     cluster, _ = autoscaled_cluster()
     store.put_cluster(cluster)
     controller = NodeController()
+    controller.provider.store = store
 
     async def shutdown(stop_clusters: bool) -> None:
         return None
@@ -83,12 +91,21 @@ def test_a_launch_is_recorded_unstarted_and_listed_then_a_release_stops_and_reco
     assert refused.status_code == 409 and "maxReplicas (3)" in refused.json()["detail"]
     assert client.delete(f"{URL}/0", headers=as_node()).status_code == 409  # the head is not released
 
+    stored = store.get_cluster("c")
+    assert stored is not None
+    running = replace(stored.nodes[2], pid=77, session_id=77)  # the node Ray asked for, started
+    store.update_cluster("c", nodes=(*stored.nodes[:2], running, *stored.nodes[3:]), worker_pids=(77,))
     assert client.delete(f"{URL}/2", headers=as_node()).status_code == 200
     assert controller.provider.stopped == [("c", 2)]
+    # intent first: while it was being stopped, the record already said stopped (no restart, no
+    # worker death) and still held its session (a crash mid-stop leaves it known)
+    (during,) = controller.provider.stored_while_stopping
+    assert (during.stopped, during.pid, during.session_id) == (True, None, 77)
     assert client.delete(f"{URL}/2", headers=as_node()).status_code == 200  # again: done already
     assert controller.provider.stopped == [("c", 2)]
     stored = store.get_cluster("c")
     assert stored is not None and stored.nodes[2].stopped and stored.nodes[2].pid is None
+    assert stored.nodes[2].session_id is None and stored.worker_pids == ()
     assert [n["id"] for n in client.get(URL, headers=as_node()).json()["nodes"]] == [0, 1, 3]
     reasons = [event.reason for event in store.list_events(stored.service)]
     assert reasons.count("NodeAdded") == 1 and reasons.count("NodeRemoved") == 1

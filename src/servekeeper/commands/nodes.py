@@ -46,6 +46,14 @@ class NodeCommands:
             raise Conflict(f"cluster {name!r} is not autoscaled (enableInTreeAutoscaling is not true)")
         return cluster, config
 
+    def _record_node(self, name: str, node_id: int, **changes: Any) -> None:
+        current = self.store.get_cluster(name)
+        if current is None:
+            return  # deleted meanwhile: its stop took every node
+        nodes = (replace(node, **changes) if node.node_id == node_id else node for node in current.nodes)
+        updated = with_nodes(current, nodes)
+        self.store.update_cluster(name, nodes=updated.nodes, worker_pids=updated.worker_pids)
+
     def nodes(self, name: str) -> dict[str, Any]:
         cluster, _ = self._cluster(name)
         listed = []
@@ -91,16 +99,13 @@ class NodeCommands:
             index = releasable(cluster, node_id)
         except NodeRequestRefused as exc:
             raise Conflict(str(exc)) from None
+        # Intent first: recorded stopped (out of worker_pids: never started or restarted again,
+        # and its exit is no worker death) with its session kept, so a crash mid-stop leaves it
+        # known; then stopped (as it was read: a provider skips a node recorded stopped); then
+        # its session forgotten.
+        self._record_node(name, node_id, stopped=True, pid=None)
         await self.controller.provider.stop_node(cluster, index)
-        current = self.store.get_cluster(name) or cluster  # read again: a tick may have written meanwhile
-        released = with_nodes(
-            current,
-            (
-                replace(node, stopped=True, pid=None, session_id=None) if node.node_id == node_id else node
-                for node in current.nodes
-            ),
-        )
-        self.store.update_cluster(name, nodes=released.nodes, worker_pids=released.worker_pids)
+        self._record_node(name, node_id, session_id=None)
         self.tags.pop((name, node_id), None)
         message = f"Ray's autoscaler released node {node_id} of {name} (idle)"
         self.store.add_events([Event(cluster.service, self.controller.clock(), "Normal", "NodeRemoved", message)])

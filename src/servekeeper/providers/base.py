@@ -160,7 +160,10 @@ def launched_into(current: ClusterRecord, original: ClusterRecord, nodes: Sequen
     launched = {i for i, (a, b) in enumerate(zip(original.nodes, nodes, strict=False)) if a.pid != b.pid}
     if not original.nodes:  # a record stored before its nodes were: every node given is news
         launched = set(range(len(nodes)))
-    merged = [nodes[i] if i in launched else node for i, node in enumerate(current.nodes[: len(nodes)])]
+    # (a node released meanwhile stays stopped: what the start spawned goes with its tag)
+    merged = [
+        nodes[i] if i in launched and not node.stopped else node for i, node in enumerate(current.nodes[: len(nodes)])
+    ]
     return with_nodes(current, (*merged, *current.nodes[len(nodes) :]))
 
 
