@@ -40,7 +40,7 @@ from servekeeper.model.enums import SwitchGate
 from servekeeper.providers.environments import environments_of
 from servekeeper.providers.host_environments import HostEnvironments
 from servekeeper.providers.local import LocalProvider
-from servekeeper.providers.local_monitor import NodeApi
+from servekeeper.providers.local_monitor import NodeApi, point_monitors_at
 from servekeeper.providers.pool import PoolProvider
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.redis_server import RedisServer, redis_dir
@@ -125,7 +125,9 @@ async def run_daemon(
         hooks = hooks_from_environment()  # tests and benchmarks only; production gets no-op hooks
         controller_metrics = ControllerMetrics()
         port = api_port or PortAllocator().one()
-        provider = _providers(store, state_dir, hooks, NodeApi(f"http://{_url_host(api_host)}:{port}", token))
+        node_api = NodeApi(f"http://{_url_host(api_host)}:{port}", token)
+        point_monitors_at(node_api, store.list_clusters())  # heads that outlived the last daemon
+        provider = _providers(store, state_dir, hooks, node_api)
         controller = Controller(
             store, provider, dataplane, session, state_dir, gate=gate, hooks=hooks, metrics=controller_metrics
         )

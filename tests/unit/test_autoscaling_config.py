@@ -34,7 +34,7 @@ from servekeeper.providers.autoscaling import (
 )
 from servekeeper.providers.base import launched_into
 from servekeeper.providers.local import LocalProvider
-from servekeeper.providers.local_monitor import NodeApi, monitor_files
+from servekeeper.providers.local_monitor import NodeApi, monitor_files, point_monitors_at
 from servekeeper.providers.local_nodes import (
     NODE_TAG_ENV,
     head_command,
@@ -354,3 +354,7 @@ def test_the_heads_monitor_gets_the_module_its_config_and_a_private_token(tmp_pa
     provider = json.loads((folder / "autoscaling.json").read_text())["provider"]
     assert provider["token_file"] == str(token) and "daemon-secret" not in json.dumps(provider)
     assert (folder / "servekeeper_node_provider.py").exists()
+    assert (folder / "node-api-url").read_text() == "http://127.0.0.1:9999"
+    # the daemon comes back on another port: every monitor is pointed at it (read at each call)
+    point_monitors_at(NodeApi("http://127.0.0.1:8888", "daemon-secret"), [cluster])
+    assert (folder / "node-api-url").read_text() == "http://127.0.0.1:8888"

@@ -69,7 +69,8 @@ async def api_and_provider(tmp_path: Path) -> Any:
     runner, url = await serve_everything(api.handle)
     token_file = tmp_path / "node-token"
     token_file.write_text("first\n")
-    config = {"servekeeper_url": url, "cluster": "svc-g1", "token_file": str(token_file)}
+    (tmp_path / "node-api-url").write_text(url + "\n")
+    config = {"url_file": str(tmp_path / "node-api-url"), "cluster": "svc-g1", "token_file": str(token_file)}
     provider = NodeProvider(config, "svc-g1")
     yield api, provider, token_file
     await runner.cleanup()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from servekeeper.providers.autoscaling import autoscaling_config, node_api_token
 
 MODULE_FILE = Path(__file__).resolve().parent / "node_provider" / "servekeeper_node_provider.py"
 PROVIDER_CLASS = f"{MODULE_FILE.stem}.NodeProvider"
+MONITOR_DIR = "autoscaler"  # in the cluster's log dir
+URL_FILE = "node-api-url"
+TOKEN_FILE = "node-token"
 # How often the monitor looks (Ray's default is 5 s): Ray on Spark uses 1 s too.
 UPDATE_INTERVAL_SECONDS = 1
 
@@ -33,16 +37,18 @@ class NodeApi:
 def monitor_files(
     cluster: ClusterRecord, config: RayClusterConfigSpec, api: NodeApi
 ) -> tuple[list[str], dict[str, str]]:
-    """Write the module, the config and the token for the head of `cluster`; the head's extra
-    `ray start` flags and environment. Blocks briefly (three small files)."""
-    directory = Path(cluster.log_dir) / "autoscaler"
+    """Write the module, the config, the API's address and the token for the head of
+    `cluster`; the head's extra `ray start` flags and environment. Blocks briefly."""
+    directory = Path(cluster.log_dir) / MONITOR_DIR
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     shutil.copyfile(MODULE_FILE, directory / MODULE_FILE.name)
-    token = directory / "node-token"
-    descriptor = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(node_api_token(api.secret, cluster.name))
-    provider = {"module": PROVIDER_CLASS, "servekeeper_url": api.url, "cluster": cluster.name, "token_file": str(token)}
+    point_monitors_at(api, [cluster])
+    provider = {
+        "module": PROVIDER_CLASS,
+        "cluster": cluster.name,
+        "url_file": str(directory / URL_FILE),
+        "token_file": str(directory / TOKEN_FILE),
+    }
     config_file = directory / "autoscaling.json"
     config_file.write_text(json.dumps(autoscaling_config(cluster.name, config, provider), indent=2))
     # ahead of the head's own PYTHONPATH (the spec's, else the daemon's), never instead of it
@@ -50,3 +56,24 @@ def monitor_files(
     search_path = os.pathsep.join(p for p in (str(directory), own) if p)
     env = {"PYTHONPATH": search_path, "AUTOSCALER_UPDATE_INTERVAL_S": str(UPDATE_INTERVAL_SECONDS)}
     return [f"--autoscaling-config={config_file}"], env
+
+
+def point_monitors_at(api: NodeApi, clusters: Iterable[ClusterRecord]) -> None:
+    """Where each autoscaled cluster's monitor finds the node API, and its token: written at a
+    head's start and again at every `up` (the API's port may change; heads outlive the daemon),
+    read by the module at each call. Clusters with no monitor folder are left alone."""
+    for cluster in clusters:
+        directory = Path(cluster.log_dir) / MONITOR_DIR
+        if cluster.pool is not None or not directory.is_dir():
+            continue
+        _write_private(directory / TOKEN_FILE, node_api_token(api.secret, cluster.name))
+        _write_private(directory / URL_FILE, api.url)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """0600 from its creation, replaced whole (a reader never sees half of it)."""
+    partial = path.with_name(path.name + ".partial")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
+    os.replace(partial, path)

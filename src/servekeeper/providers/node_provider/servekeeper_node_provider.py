@@ -8,8 +8,8 @@ servekeeper_node_provider.NodeProvider}`); the head is started with its folder o
 Every decision stays with Ray's autoscaler, and every node with the controller: this class only
 relays. The controller records a node before starting it, places it like any node and stops it
 when released, so a monitor that restarts, or a controller that crashes mid-launch, loses no
-node and starts none twice. Its API (token scoped to this cluster's nodes, read from a file on
-the head, never from argv or the config):
+node and starts none twice. Its API (its address and a token scoped to this cluster's nodes,
+each read from a file on the head at every call, never from argv or the config):
 
     GET    /api/v1/clusters/<cluster>/nodes            -> {"nodes": [{"id", "kind", "type", "status", "tags"}]}
     POST   /api/v1/clusters/<cluster>/nodes            {"type", "count", "tags"} -> {"ids": [...]}
@@ -46,17 +46,19 @@ class NodeProvider(RayNodeProvider):
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         super().__init__(provider_config, cluster_name)
         self._lock = threading.RLock()
-        self._url = (
-            f"{provider_config['servekeeper_url'].rstrip('/')}/api/v1/clusters/{provider_config['cluster']}/nodes"
-        )
+        self._cluster = str(provider_config["cluster"])
+        # Read at each call: the controller rewrites them when it comes back (its port may change).
+        self._url_file = str(provider_config["url_file"])
         self._token_file = str(provider_config["token_file"])
         self._nodes: dict[str, dict[str, Any]] = {}
 
     def _call(self, method: str, path: str = "", body: dict[str, Any] | None = None) -> Any:
         with open(self._token_file, encoding="utf-8") as handle:
             token = handle.read().strip()
+        with open(self._url_file, encoding="utf-8") as handle:
+            url = f"{handle.read().strip().rstrip('/')}/api/v1/clusters/{self._cluster}/nodes"
         request = urllib.request.Request(
-            self._url + path,
+            url + path,
             method=method,
             data=None if body is None else json.dumps(body).encode(),
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
