@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from servekeeper.api.app import build_app
+from servekeeper.api.nodes import node_route_cluster
 from servekeeper.commands.nodes import node_token
 from servekeeper.model.records import ClusterRecord
 from servekeeper.store.store import Store
@@ -121,3 +122,12 @@ def test_a_node_token_opens_its_own_clusters_node_routes_only(world: Any) -> Non
     assert client.get(URL, headers={"Authorization": "Bearer nope"}).status_code == 401
     assert client.get("/api/v1/clusters/missing/nodes").status_code == 401
     assert client.get("/api/v1/clusters/missing/nodes", headers=as_node("missing")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "path",
+    [URL + "\n", URL + "/1/tags/more", "/api/v1/clusters/c/nodesx", "/api/v1/clusters/c/../services", "/x" + URL],
+)
+def test_only_a_whole_node_route_names_a_cluster(path: str) -> None:
+    assert node_route_cluster(URL) == node_route_cluster(URL + "/3") == node_route_cluster(URL + "/3/tags") == "c"
+    assert node_route_cluster(path) is None

@@ -185,6 +185,15 @@ def test_kuberay_replicas_outside_the_bounds_are_kept_within_them_as_kuberay_doe
     assert ("changed", f"{WORKER_PATH}.replicas") in notes(result)
 
 
+def test_an_absent_kuberay_max_is_bounded_by_the_starting_count_and_noted() -> None:
+    manifest = kuberay_with_workers(replicas=2, minReplicas=1)
+    manifest["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] = True
+    result = run_import([manifest])
+    (group,) = result.spec.spec.rayClusterConfig.workerGroups
+    assert (group.minReplicas, group.replicas, group.maxReplicas) == (1, 2, 2)
+    assert ("changed", f"{WORKER_PATH}.maxReplicas") in notes(result)
+
+
 def test_kuberay_bounds_without_autoscaling_give_fixed_nodes_as_before() -> None:
     result = run_import([kuberay_with_workers(replicas=1, minReplicas=2, maxReplicas=5)])
     (group,) = result.spec.spec.rayClusterConfig.workerGroups

@@ -12,12 +12,12 @@ from pydantic import BaseModel, Field
 
 from servekeeper.commands.nodes import NodeCommands
 
-NODE_ROUTE = re.compile(r"^/api/v1/clusters/([A-Za-z0-9.-]+)/nodes(?:/[^/]+(?:/tags)?)?$")
+NODE_ROUTE = re.compile(r"/api/v1/clusters/([A-Za-z0-9.-]+)/nodes(?:/[^/]+(?:/tags)?)?")
 
 
 def node_route_cluster(path: str) -> str | None:
     """The cluster a node route names (None: not a node route)."""
-    match = NODE_ROUTE.match(path)
+    match = NODE_ROUTE.fullmatch(path)  # (`$` would also let a trailing newline through)
     return match.group(1) if match else None
 
 

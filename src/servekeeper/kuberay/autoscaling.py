@@ -59,6 +59,11 @@ def worker_nodes(findings: Findings, path: str, worker: dict[str, Any], autoscal
     else:
         low = minimum or 0
         high = maximum if maximum is not None else max(replicas or 0, low)
+        if maximum is None:
+            # KubeRay reads an absent maxReplicas as unbounded; ports and room are reserved up to it here.
+            findings.note(
+                NoteKind.CHANGED, f"{path}.maxReplicas", f"absent (unbounded in KubeRay): {high} node(s) at most"
+            )
         count = min(max(replicas if replicas is not None else low, low), high)
         if replicas is not None and count != replicas:
             findings.note(NoteKind.CHANGED, f"{path}.replicas", f"kept within minReplicas and maxReplicas: {count}")
