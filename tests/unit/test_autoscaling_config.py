@@ -47,6 +47,7 @@ from servekeeper.providers.local_nodes import (
 from servekeeper.providers.local_processes import OWNER_ENV
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.ray_start import with_node_id
+from servekeeper.views.service import worker_group_views
 from tests.unit.test_kuberay_export import roundtrip
 from tests.unit.test_kuberay_import import head, minimal, notes, run_import
 from tests.unit.test_pool_clusters import draft
@@ -367,3 +368,21 @@ def test_the_heads_monitor_gets_the_module_its_config_and_a_private_token(tmp_pa
     # the daemon comes back on another port: every monitor is pointed at it (read at each call)
     point_monitors_at(NodeApi("http://127.0.0.1:8888", "daemon-secret"), [cluster])
     assert (folder / "node-api-url").read_text() == "http://127.0.0.1:8888"
+
+
+def test_each_group_shows_running_and_asked_for_nodes_within_its_bounds() -> None:
+    cluster, config = autoscaled_cluster()
+    cluster, _ = launched(cluster, config, "cpu", 2)  # asked for, not started yet
+    nodes = list(cluster.nodes)
+    nodes[1] = replace(nodes[1], pid=4242)  # the starting worker runs
+    nodes[2] = replace(nodes[2], stopped=True)  # one launched node released again
+    cluster = cluster.with_changes(nodes=tuple(nodes))
+    groups = {group["name"]: group for group in worker_group_views(cluster, config)}
+    assert groups["cpu"] == {"name": "cpu", "nodes": 1, "desired": 2, "minNodes": 0, "maxNodes": 3, "autoscaled": True}
+    assert (groups["gpu"]["nodes"], groups["gpu"]["desired"], groups["gpu"]["maxNodes"]) == (0, 0, 2)
+    fixed = config.model_copy(update={"enableInTreeAutoscaling": False})
+    assert [(g["minNodes"], g["maxNodes"], g["autoscaled"]) for g in worker_group_views(cluster, fixed)] == [
+        (1, 1, False),
+        (0, 0, False),
+    ]
+    assert worker_group_views(cluster, None) == []

@@ -121,6 +121,12 @@ def describe(name: str, state_dir: StateDir = None) -> None:
         )
         package = (cluster.get("packageHash") or "-")[:16]
         console.print(f"  config {cluster.get('appliedConfigHash') or '-'}  code package {package}")
+        for group in cluster.get("workerGroups") or []:
+            bounds = f"min {group['minNodes']}, max {group['maxNodes']}" if group["autoscaled"] else "fixed"
+            console.print(
+                f"  group {group['name']}: {group['nodes']} node(s) running of {group['desired']} asked for ({bounds})",
+                markup=False,
+            )
         apps = Table("APPLICATION", "STATUS", "SOURCE", "MESSAGE", box=None)
         for app_name, app_state in cluster["applications"].items():
             apps.add_row(app_name, app_state["status"], app_state["source"], app_state["message"][:200])

@@ -72,6 +72,18 @@ class CanaryView(TypedDict):
     mirror: NotRequired[str | None]  # "100% of GET, HEAD copied" during a shadow step
 
 
+class WorkerGroupView(TypedDict):
+    """A worker group's nodes (issue 22): running, recorded (asked for, running or starting),
+    and Ray's autoscaler's bounds (min = max = the fixed count without autoscaling)."""
+
+    name: str
+    nodes: int
+    desired: int
+    minNodes: int
+    maxNodes: int
+    autoscaled: bool
+
+
 class ClusterView(TypedDict):
     name: str
     generation: int
@@ -89,6 +101,7 @@ class ClusterView(TypedDict):
     headPid: int | None
     workerPids: list[int]
     workersExpected: int | None  # None: a record stored by an older version
+    workerGroups: list[WorkerGroupView]  # []: a record stored by an older version
     appliedConfigHash: str | None
     goodConfigHash: str | None
     packageHash: str | None

@@ -17,6 +17,7 @@ from servekeeper.model.wire import (
     EventView,
     ProbeView,
     ServiceView,
+    WorkerGroupView,
 )
 
 
@@ -45,6 +46,7 @@ def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffi
         "headPid": cluster.head_pid,
         "workerPids": list(cluster.worker_pids),
         "workersExpected": _workers_expected(cluster),
+        "workerGroups": worker_group_views(cluster, config),
         "appliedConfigHash": cluster.applied_config_hash,
         "goodConfigHash": cluster.good_config_hash,
         "packageHash": cluster.package_hash,
@@ -61,6 +63,26 @@ def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffi
         "applications": apps,
         "probes": [probe_view(probe) for probe in observed.probes] if observed else [],
     }
+
+
+def worker_group_views(cluster: ClusterRecord, config: RayClusterConfigSpec | None) -> list[WorkerGroupView]:
+    """Each worker group's running and recorded nodes against its bounds, from the record."""
+    if config is None:
+        return []
+    views: list[WorkerGroupView] = []
+    for group in config.workerGroups:
+        recorded = [node for node in cluster.nodes if node.group == group.name and not node.stopped]
+        views.append(
+            {
+                "name": group.name,
+                "nodes": sum(1 for node in recorded if node.pid is not None),
+                "desired": len(recorded),
+                "minNodes": group.min_nodes() if config.enableInTreeAutoscaling else group.replicas,
+                "maxNodes": group.max_nodes() if config.enableInTreeAutoscaling else group.replicas,
+                "autoscaled": config.enableInTreeAutoscaling,
+            }
+        )
+    return views
 
 
 def _config(cluster: ClusterRecord) -> RayClusterConfigSpec | None:
