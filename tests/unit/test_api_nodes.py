@@ -131,3 +131,29 @@ def test_a_node_token_opens_its_own_clusters_node_routes_only(world: Any) -> Non
 def test_only_a_whole_node_route_names_a_cluster(path: str) -> None:
     assert node_route_cluster(URL) == node_route_cluster(URL + "/3") == node_route_cluster(URL + "/3/tags") == "c"
     assert node_route_cluster(path) is None
+
+
+def test_a_release_a_crash_cut_short_is_finished_at_the_monitors_next_call(world: Any) -> None:
+    client, store, controller = world
+    stored = store.get_cluster("c")
+    assert stored is not None
+    # what a crash between the release's record and its stop leaves: stopped, its session held
+    left = replace(stored.nodes[1], stopped=True, pid=None, session_id=91)
+    store.update_cluster("c", nodes=(stored.nodes[0], left, *stored.nodes[2:]))
+    assert [n["id"] for n in client.get(URL, headers=as_node()).json()["nodes"]] == [0]
+    assert controller.provider.stopped == [("c", 1)]
+    stored = store.get_cluster("c")
+    assert stored is not None and stored.nodes[1].session_id is None and stored.nodes[1].stopped
+    client.get(URL, headers=as_node())
+    assert controller.provider.stopped == [("c", 1)], "stopped once"
+
+
+def test_tags_are_kept_for_recorded_nodes_only(world: Any) -> None:
+    client, store, _ = world
+    assert client.post(f"{URL}/1/tags", json={"tags": {"ray-node-name": "w1"}}, headers=as_node()).status_code == 200
+    assert client.post(f"{URL}/9/tags", json={"tags": {"a": "b"}}, headers=as_node()).status_code == 404
+    stored = store.get_cluster("c")
+    assert stored is not None
+    store.update_cluster("c", nodes=(stored.nodes[0], replace(stored.nodes[1], stopped=True), *stored.nodes[2:]))
+    assert [n["id"] for n in client.get(URL, headers=as_node()).json()["nodes"]] == [0]
+    assert client.post(f"{URL}/1/tags", json={"tags": {"a": "b"}}, headers=as_node()).status_code == 404

@@ -305,9 +305,11 @@ def test_nodes_asked_for_during_a_start_survive_it_and_count_as_expected() -> No
     assert expected_workers(merged) == 2  # so the next tick starts it (StartCluster)
     released = merged.with_changes(nodes=(*merged.nodes[:2], replace(merged.nodes[2], stopped=True)))
     assert expected_workers(released) == 1
-    # a node released while a start spawned it stays released (what was spawned goes by its tag)
+    # a node released while a start spawned it stays released, holding what was spawned (its
+    # session, stopped by the node API's next call), never running unrecorded
     relaunched = [*merged.nodes[:2], replace(merged.nodes[2], pid=300, session_id=300)]
-    assert launched_into(released, merged, relaunched).nodes[2].stopped
+    kept = launched_into(released, merged, relaunched).nodes[2]
+    assert (kept.stopped, kept.pid, kept.session_id) == (True, None, 300)
 
 
 async def test_a_released_local_node_gets_sigterm_and_its_leftovers_go_the_other_nodes_stay(tmp_path: Path) -> None:

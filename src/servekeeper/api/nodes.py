@@ -36,7 +36,7 @@ def node_routes(nodes: NodeCommands) -> APIRouter:
 
     @router.get("/api/v1/clusters/{cluster}/nodes")
     async def list_nodes(cluster: str) -> dict[str, Any]:
-        return nodes.nodes(cluster)
+        return await nodes.nodes(cluster)
 
     @router.post("/api/v1/clusters/{cluster}/nodes")
     async def launch_nodes(cluster: str, body: LaunchRequest) -> dict[str, Any]:

@@ -3,9 +3,11 @@
 
 A launch is only recorded (intent, one store write): the controller's next tick starts the
 nodes whose pid is None, as it starts any node, so a crash between the two starts each once. A
-release stops the node first and then records it stopped; a node recorded stopped never runs.
-Ray's own tags beyond kind and type (its launch hash, a node's name) live here, in memory:
-with `disable_launch_config_check` the monitor reads none of them back after a restart."""
+release records the node stopped (its session kept), stops it, then forgets its session; a node
+recorded stopped is never started again, and one that still holds a session (a crash mid-release,
+or a start that spawned it as it was released) is stopped at the monitor's next call. Ray's own
+tags beyond kind and type (its launch hash, a node's name) live here, in memory, for recorded
+nodes only: with `disable_launch_config_check` the monitor reads none of them back after a restart."""
 
 from __future__ import annotations
 
@@ -36,10 +38,12 @@ class NodeCommands:
         self.store = context.store
         self.controller = context.controller
         self.tags: dict[tuple[str, int], dict[str, str]] = {}
+        self.releasing: set[tuple[str, int]] = set()  # releases under way: not swept meanwhile
 
     def _cluster(self, name: str) -> tuple[ClusterRecord, RayClusterConfigSpec]:
         cluster = self.store.get_cluster(name)
         if cluster is None:
+            self.tags = {key: tags for key, tags in self.tags.items() if key[0] != name}
             raise NotFound(f"cluster {name!r} not found")
         config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
         if not config.enableInTreeAutoscaling:
@@ -54,8 +58,11 @@ class NodeCommands:
         updated = with_nodes(current, nodes)
         self.store.update_cluster(name, nodes=updated.nodes, worker_pids=updated.worker_pids)
 
-    def nodes(self, name: str) -> dict[str, Any]:
+    async def nodes(self, name: str) -> dict[str, Any]:
         cluster, _ = self._cluster(name)
+        await self._finish_releases(cluster)
+        live = {node.node_id for node in cluster.nodes if not node.stopped}
+        self.tags = {key: tags for key, tags in self.tags.items() if key[0] != name or key[1] in live}
         listed = []
         for node in cluster.nodes:
             if node.stopped or node.node_id is None:
@@ -87,9 +94,19 @@ class NodeCommands:
         return {"ids": ids}
 
     def set_tags(self, name: str, node_id: int, tags: dict[str, str]) -> dict[str, Any]:
-        self._cluster(name)
+        cluster, _ = self._cluster(name)
+        if not any(node.node_id == node_id and not node.stopped for node in cluster.nodes):
+            raise NotFound(f"cluster {name!r} has no node {node_id}")
         self.tags.setdefault((name, node_id), {}).update(tags)
         return {}
+
+    async def _finish_releases(self, cluster: ClusterRecord) -> None:
+        """Stop what a release left running: a node recorded stopped that still holds a session."""
+        for index, node in enumerate(cluster.nodes):
+            key = (cluster.name, node.node_id or 0)
+            if node.stopped and node.session_id is not None and node.node_id is not None and key not in self.releasing:
+                await self.controller.provider.stop_node(cluster, index)
+                self._record_node(cluster.name, node.node_id, session_id=None)
 
     async def release(self, name: str, node_id: int) -> dict[str, Any]:
         cluster, _ = self._cluster(name)
@@ -103,9 +120,13 @@ class NodeCommands:
         # and its exit is no worker death) with its session kept, so a crash mid-stop leaves it
         # known; then stopped (as it was read: a provider skips a node recorded stopped); then
         # its session forgotten.
-        self._record_node(name, node_id, stopped=True, pid=None)
-        await self.controller.provider.stop_node(cluster, index)
-        self._record_node(name, node_id, session_id=None)
+        self.releasing.add((name, node_id))
+        try:
+            self._record_node(name, node_id, stopped=True, pid=None)
+            await self.controller.provider.stop_node(cluster, index)
+            self._record_node(name, node_id, session_id=None)
+        finally:
+            self.releasing.discard((name, node_id))
         self.tags.pop((name, node_id), None)
         message = f"Ray's autoscaler released node {node_id} of {name} (idle)"
         self.store.add_events([Event(cluster.service, self.controller.clock(), "Normal", "NodeRemoved", message)])

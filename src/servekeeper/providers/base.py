@@ -160,9 +160,11 @@ def launched_into(current: ClusterRecord, original: ClusterRecord, nodes: Sequen
     launched = {i for i, (a, b) in enumerate(zip(original.nodes, nodes, strict=False)) if a.pid != b.pid}
     if not original.nodes:  # a record stored before its nodes were: every node given is news
         launched = set(range(len(nodes)))
-    # (a node released meanwhile stays stopped: what the start spawned goes with its tag)
+    # A node released meanwhile stays stopped, holding the session the start spawned for it: the
+    # node API's next call stops that session (commands/nodes.py), nothing runs on unrecorded.
     merged = [
-        nodes[i] if i in launched and not node.stopped else node for i, node in enumerate(current.nodes[: len(nodes)])
+        (replace(node, session_id=nodes[i].session_id) if node.stopped else nodes[i]) if i in launched else node
+        for i, node in enumerate(current.nodes[: len(nodes)])
     ]
     return with_nodes(current, (*merged, *current.nodes[len(nodes) :]))
 
