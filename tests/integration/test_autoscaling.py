@@ -7,6 +7,7 @@ replicas leave idle nodes that Ray releases after idleTimeoutSeconds; nothing fa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
@@ -15,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
+from servekeeper.providers.local_nodes import NODE_TAG_ENV
 from servekeeper.testing.harness import Servekeeper, free_port, hello_spec, wait_until
 from servekeeper.testing.load import Load
 
@@ -91,4 +94,43 @@ def test_ray_asks_for_the_nodes_its_replicas_need_and_releases_idle_ones(sk: Ser
     assert result.by_method["GET"] > 0 and result.by_method["POST"] > 0
     assert "NodeRemoved" in sk.events(NAME)
     assert set(result.bodies) == {"v1", "v2"}
+    assert httpx.get(f"http://127.0.0.1:{port}/").text == "v2"
+
+
+def raylets_by_node(cluster: dict[str, Any]) -> dict[str, list[int]]:
+    """The raylet pids of the cluster's nodes on this machine, by the node's tag (its log file)."""
+    found: dict[str, list[int]] = {}
+    for process in psutil.process_iter(["name"]):
+        with contextlib.suppress(psutil.Error):
+            tag = process.environ().get(NODE_TAG_ENV, "")
+            if process.info["name"] == "raylet" and tag.startswith(cluster["log_dir"]):
+                found.setdefault(tag, []).append(process.pid)
+    return found
+
+
+def test_a_controller_killed_as_it_starts_a_node_ray_asked_for_starts_it_once_after_up(sk: Servekeeper) -> None:
+    """kill -9 of the controller between a launched node's spawn and its record: after `up`,
+    exactly one node runs for that request (what the dead controller spawned is stopped first,
+    by the node's tag), none orphaned, and Ray gets the node it asked for."""
+    port = int(sk.api_get(NAME)["ingress"]["url"].rsplit(":", 1)[1])
+    sk.kill_controller()
+    sk.up(crash_at="node-spawned")
+    sk.apply(spec(port, replicas=2, msg="v2"))  # in place: Ray asks for a second node
+    wait_until(lambda: not sk.controller_alive(), 180, "the controller killed as it started the node")
+    (cluster,) = sk.clusters()
+    # the node the dead controller spawned runs on, unrecorded: its raylet comes up
+    wait_until(lambda: len(raylets_by_node(cluster)) == 3, 60, "the unrecorded node's raylet")
+    spawned = raylets_by_node(cluster)
+    recorded = [n for n in json.loads(cluster["nodes_json"]) if n["role"] == "worker" and not n["stopped"]]
+    assert [n["node_id"] for n in recorded] == [1, 2] and recorded[1]["pid"] is None, recorded
+    sk.up()
+    assert sk.wait(NAME, timeout=240) == 0, sk.cli("events", NAME).stdout[-3000:]
+    wait_until(lambda: len(running_workers(sk)) == 2, 120, "the node Ray asked for running")
+    (cluster,) = sk.clusters()
+    assert [n["node_id"] for n in running_workers(sk)] == [1, 2], "one node for the request, no other"
+    after = raylets_by_node(cluster)
+    assert len(after) == 3 and all(len(pids) == 1 for pids in after.values()), after  # the head and two workers
+    orphans = [pid for tag, pids in spawned.items() for pid in pids if pid not in after.get(tag, [])]
+    assert all(not psutil.pid_exists(pid) for pid in orphans), f"what the dead controller spawned still runs: {orphans}"
+    print(f"raylets before up {spawned}, after {after}")
     assert httpx.get(f"http://127.0.0.1:{port}/").text == "v2"

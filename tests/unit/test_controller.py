@@ -680,6 +680,11 @@ def test_hooks_from_the_environment() -> None:
         hooks_from_environment({CRASH_ENV: "nowhere"})
     with pytest.raises(ValueError, match="unknown crash point"):
         InjectedFaults("nowhere")
+    kills: list[str] = []
+    node_spawned = InjectedFaults("node-spawned", kill=lambda: kills.append("killed"))
+    node_spawned.reached("node-spawned")  # a node added to a running cluster of generation 1
+    node_spawned.reached("pending-started")
+    assert kills == ["killed"]
 
 
 # -- the loops: waits and timeouts (asyncio.TimeoutError is not TimeoutError on 3.10) -------

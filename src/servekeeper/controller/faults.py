@@ -13,7 +13,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 
 from servekeeper.core import actions as act
-from servekeeper.core.hooks import CRASH_POINTS, Hooks
+from servekeeper.core.hooks import CRASH_POINTS, NODE_CRASH_POINTS, Hooks
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord
 from servekeeper.rayapi.serve_api import RetryableServeError
@@ -29,8 +29,9 @@ class InjectedFaults(Hooks):
     to upgrade), and/or fail the first `fail_puts` config PUTs with a retryable error."""
 
     def __init__(self, crash_at: str | None, fail_puts: int = 0, kill: Callable[[], None] | None = None) -> None:
-        if crash_at is not None and crash_at not in CRASH_POINTS:
-            raise ValueError(f"unknown crash point {crash_at!r}; known: {', '.join(CRASH_POINTS)}")
+        known = (*CRASH_POINTS, *NODE_CRASH_POINTS)
+        if crash_at is not None and crash_at not in known:
+            raise ValueError(f"unknown crash point {crash_at!r}; known: {', '.join(known)}")
         self.crash_at = crash_at
         self.fail_puts = fail_puts
         self._kill = kill or _kill_self
@@ -41,9 +42,11 @@ class InjectedFaults(Hooks):
             self._kill()
 
     def reached(self, point: str, cluster: ClusterRecord | None = None, service_generation: int = 0) -> None:
-        # The old cluster's deletion concerns generation 1 by nature; every other point must
-        # belong to a later generation (a rollout, not the service's first start).
-        if point == "deleting-old" or max(service_generation, cluster.generation if cluster else 0) >= 2:
+        # The old cluster's deletion concerns generation 1 by nature, as a node added to a running
+        # cluster may; every other point must belong to a later generation (a rollout, not the
+        # service's first start).
+        by_nature = ("deleting-old", *NODE_CRASH_POINTS)
+        if point in by_nature or max(service_generation, cluster.generation if cluster else 0) >= 2:
             self._crash(point)
 
     async def before_config_put(self, cluster: ClusterRecord, service_generation: int = 0) -> None:

@@ -23,6 +23,9 @@ CRASH_POINTS = (
     "draining",  # the old cluster drains
     "deleting-old",  # the old cluster got SIGTERM, not yet SIGKILL
 )
+# Outside an upgrade: a node added to a running cluster (Ray's autoscaler asked for it, or it
+# is started again in place) runs, its pid not recorded yet.
+NODE_CRASH_POINTS = ("node-spawned",)
 
 
 class Hooks:

@@ -188,6 +188,8 @@ class LocalProvider:
             await asyncio.to_thread(stop_leftovers, node_tag(cluster, index))
             # (the temp dir is not checked again: the head's first start made it, and Ray opened it)
             pid = self._spawn_node(cluster, config, index)
+            if cluster.ready_at is not None:
+                self.hooks.reached("node-spawned", cluster)
             nodes[index] = replace(node, pid=pid, session_id=pid)
             cluster = with_nodes(cluster, nodes)
             record(nodes=cluster.nodes)
