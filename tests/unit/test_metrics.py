@@ -229,6 +229,25 @@ async def test_node_restarts_are_counted_by_role_from_the_record(world: World) -
     assert value(samples, "servekeeper_node_restarts_total", service=NAME, cluster=active, role="worker") == 4
 
 
+async def test_each_worker_groups_nodes_are_shown_against_its_bounds(world: World) -> None:
+    groups = [{"name": "cpu", "replicas": 1, "minReplicas": 0, "maxReplicas": 3}]
+    config = {"head": {"numCpus": 1}, "enableInTreeAutoscaling": True, "workerGroups": groups}
+    await world.roll_out(make_spec(rayClusterConfig=config))
+    active = world.active()
+    ports = NodePorts(1, 2, 3, 4, 5, 6, 7, 8)
+    nodes = (
+        NodePlacement("localhost", "127.0.0.1", "head", ports, "/w", 10, 10, node_id=0),
+        NodePlacement("localhost", "127.0.0.1", "worker", ports, "/w", 11, 11, group="cpu", node_id=1),
+        NodePlacement("localhost", "127.0.0.1", "worker", ports, "/w", group="cpu", node_id=2),  # asked for
+    )
+    world.store.update_cluster(active, nodes=nodes)
+    samples = await world.scrape()
+    figures = {"running": 1, "desired": 2, "min": 0, "max": 3}
+    for state, count in figures.items():
+        labels = {"service": NAME, "cluster": active, "group": "cpu", "state": state}
+        assert value(samples, "servekeeper_worker_group_nodes", **labels) == count, state
+
+
 async def test_a_standby_shows_ready_and_its_promotion_counts_as_a_failover(world: World) -> None:
     await world.roll_out(make_spec(standby={"mode": "hot"}))
     for _ in range(4):

@@ -16,13 +16,13 @@ import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from servekeeper.controller.metric_families import StateFamilies, seconds_buckets
 from servekeeper.dataplane.model import BackendStats, DataPlaneError, RouteObservation
 from servekeeper.model.enums import ClusterRole, ConditionType
 from servekeeper.model.observation import IngressRouteObservation, Observation
@@ -30,6 +30,7 @@ from servekeeper.model.records import Event, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
 from servekeeper.store.facts import applied_at_fact_key
 from servekeeper.store.store import Store
+from servekeeper.views.service import cluster_config, worker_group_views
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -202,7 +203,7 @@ class StateCollector(Collector):
         self.backend_stats = backend_stats
 
     def collect(self) -> Iterator[Metric]:
-        families = _StateFamilies.create()
+        families = StateFamilies.create()
         families.dataplane_up.add_metric([], 0 if self.backend_stats is None or self.routes is None else 1)
         for service in self.store.list_services():
             name = service.name
@@ -218,7 +219,7 @@ class StateCollector(Collector):
             self._add_clusters(families, name)
         yield from families.all()
 
-    def _add_clusters(self, families: _StateFamilies, name: str) -> None:
+    def _add_clusters(self, families: StateFamilies, name: str) -> None:
         """Each cluster's traffic share, and its ingress counters: read now, or when they cannot
         be read, the controller's last look at the ingress."""
         snapshot = self.observation(name)
@@ -227,6 +228,11 @@ class StateCollector(Collector):
         weights = self._traffic_shares(name, routed)
         for cluster in self.store.list_clusters(name):
             families.traffic.add_metric([name, cluster.name, cluster.role.value], weights.get(cluster.name, 0.0))
+            for group in worker_group_views(cluster, cluster_config(cluster)):  # from the record
+                for state, count in (("running", group["nodes"]), ("desired", group["desired"])):
+                    families.group_nodes.add_metric([name, cluster.name, group["name"], state], count)
+                for state, count in (("min", group["minNodes"]), ("max", group["maxNodes"])):
+                    families.group_nodes.add_metric([name, cluster.name, group["name"], state], count)
             for role in sorted({node.role for node in cluster.nodes}):  # from the record: kept across restarts
                 count = sum(node.restarts for node in cluster.nodes if node.role == role)
                 families.restarts.add_metric([name, cluster.name, role], count)
@@ -236,7 +242,7 @@ class StateCollector(Collector):
                 classes = {"2xx": backend.rq_2xx, "4xx": backend.rq_4xx, "5xx": backend.rq_5xx}
                 for code_class, count in classes.items():
                     families.requests.add_metric([name, cluster.name, code_class], count)
-                buckets = _seconds_buckets(backend.latency_ms_buckets)
+                buckets = seconds_buckets(backend.latency_ms_buckets)
                 if buckets:
                     families.latency.add_metric([name, cluster.name], buckets, sum_value=None)
             elif routed is not None and cluster.name in routed.inflight:
@@ -252,104 +258,6 @@ class StateCollector(Collector):
         if routed is not None and routed.active is not None:
             return {routed.active: 1.0}
         return {}
-
-
-@dataclass(frozen=True)
-class _StateFamilies:
-    """The metric families of one scrape of the current state, filled service by service."""
-
-    condition: GaugeMetricFamily
-    generation: GaugeMetricFamily
-    observed: GaugeMetricFamily
-    traffic: GaugeMetricFamily
-    inflight: GaugeMetricFamily
-    requests: CounterMetricFamily
-    latency: HistogramMetricFamily
-    restarts: CounterMetricFamily
-    dataplane_up: GaugeMetricFamily
-    standby_ready: GaugeMetricFamily
-
-    @classmethod
-    def create(cls) -> _StateFamilies:
-        return cls(
-            condition=GaugeMetricFamily(
-                "servekeeper_service_condition", "1 if the condition is True, else 0.", labels=["service", "type"]
-            ),
-            generation=GaugeMetricFamily(
-                "servekeeper_service_generation", "The latest applied generation.", labels=["service"]
-            ),
-            observed=GaugeMetricFamily(
-                "servekeeper_service_observed_generation",
-                "The generation rolled out (or failed) last.",
-                labels=["service"],
-            ),
-            traffic=GaugeMetricFamily(
-                "servekeeper_cluster_traffic_ratio",
-                "Share of the service's traffic the ingress sends to the cluster (0 to 1), as every Envoy "
-                "acknowledged.",
-                labels=["service", "cluster", "role"],
-            ),
-            inflight=GaugeMetricFamily(
-                "servekeeper_cluster_inflight_requests",
-                "Requests and open streams in flight through the ingress to the cluster.",
-                labels=["service", "cluster"],
-            ),
-            requests=CounterMetricFamily(
-                "servekeeper_ingress_requests",
-                "Requests the ingress sent to the cluster, by answer class (summed over the Envoy processes; "
-                "a restarted process starts again at 0).",
-                labels=["service", "cluster", "code_class"],
-            ),
-            latency=HistogramMetricFamily(
-                "servekeeper_ingress_request_duration_seconds",
-                "Upstream request time seen by the ingress, per cluster (Envoy's upstream_rq_time).",
-                labels=["service", "cluster"],
-            ),
-            restarts=CounterMetricFamily(
-                "servekeeper_node_restarts",
-                "Nodes of the cluster started again in place after their process exited (a head: with GCS "
-                "fault tolerance), by role; failed tries of a start count too.",
-                labels=["service", "cluster", "role"],
-            ),
-            dataplane_up=GaugeMetricFamily(
-                "servekeeper_dataplane_stats_up", "1 if every Envoy process answered the stats read of this scrape."
-            ),
-            standby_ready=GaugeMetricFamily(
-                "servekeeper_standby_ready",
-                "1 while the service's hot standby is ready for the ingress to fail over to (services with "
-                "spec.standby only); its time at 0 is the time without a ready standby.",
-                labels=["service"],
-            ),
-        )
-
-    def all(self) -> tuple[Metric, ...]:
-        return (
-            self.condition,
-            self.generation,
-            self.observed,
-            self.traffic,
-            self.inflight,
-            self.requests,
-            self.latency,
-            self.restarts,
-            self.dataplane_up,
-            self.standby_ready,
-        )
-
-
-def _seconds_buckets(cumulative_ms: Mapping[float, int]) -> list[tuple[str, float]]:
-    """Envoy's cumulative buckets (upper bounds in ms) as Prometheus `le` buckets in seconds. Envoy
-    has no +Inf bucket; its largest bound (an hour) stands for it."""
-    if not cumulative_ms:
-        return []
-    ordered = sorted(cumulative_ms.items())
-    buckets = [(_le(bound / 1000.0), float(count)) for bound, count in ordered]
-    buckets.append(("+Inf", float(ordered[-1][1])))
-    return buckets
-
-
-def _le(seconds: float) -> str:
-    return repr(float(f"{seconds:.6g}"))  # "0.5", "10.0", as prometheus_client writes bounds
 
 
 class Metrics:

@@ -27,7 +27,7 @@ def cluster_view(cluster: ClusterRecord, observation: Observation | None, traffi
     # Requests and open streams the ingress still has on this cluster (None: not routed or unread).
     inflight = route.inflight.get(cluster.name) if route is not None and cluster.name in route.upstreams else None
     apps: dict[str, AppView] = {}
-    config = _config(cluster)  # its own environment's fields; None and []: the controller's
+    config = cluster_config(cluster)  # its own environment's fields; None and []: the controller's
     if observed is not None and observed.apps is not None:
         apps = {name: app_view(app) for name, app in sorted(observed.apps.items())}
     return {
@@ -85,7 +85,7 @@ def worker_group_views(cluster: ClusterRecord, config: RayClusterConfigSpec | No
     return views
 
 
-def _config(cluster: ClusterRecord) -> RayClusterConfigSpec | None:
+def cluster_config(cluster: ClusterRecord) -> RayClusterConfigSpec | None:
     try:
         return RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
     except ValueError:  # a record stored by an older version
