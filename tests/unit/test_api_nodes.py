@@ -16,7 +16,9 @@ from fastapi.testclient import TestClient
 from servekeeper.api.app import build_app
 from servekeeper.api.nodes import node_route_cluster
 from servekeeper.commands.nodes import node_token
+from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord
+from servekeeper.providers.base import RetryableProviderError
 from servekeeper.store.store import Store
 from tests.unit.test_autoscaling_config import autoscaled_cluster
 from tests.unit.test_client import TOKEN, FakeController
@@ -29,8 +31,12 @@ class StopRecorder:
         self.stopped: list[tuple[str, int]] = []
         self.store: Store | None = None
         self.stored_while_stopping: list[Any] = []
+        self.refuse = 0  # the next N stops fail as a node that resists its SIGKILL does
 
     async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
+        if self.refuse:
+            self.refuse -= 1
+            raise RetryableProviderError(f"node {index} of {cluster.name} did not stop")
         self.stopped.append((cluster.name, index))
         if self.store is not None:  # what a crash at this point would leave
             stored = self.store.get_cluster(cluster.name)
@@ -146,6 +152,30 @@ def test_a_release_a_crash_cut_short_is_finished_at_the_monitors_next_call(world
     assert stored is not None and stored.nodes[1].session_id is None and stored.nodes[1].stopped
     client.get(URL, headers=as_node())
     assert controller.provider.stopped == [("c", 1)], "stopped once"
+
+
+def test_a_release_left_behind_that_resists_does_not_stop_the_monitors_calls(world: Any) -> None:
+    client, store, controller = world
+    stored = store.get_cluster("c")
+    assert stored is not None
+    left = replace(stored.nodes[1], stopped=True, pid=None, session_id=91)
+    store.update_cluster("c", nodes=(stored.nodes[0], left, *stored.nodes[2:]))
+    controller.provider.refuse = 1
+    assert client.get(URL, headers=as_node()).status_code == 200  # the list is answered all the same
+    stored = store.get_cluster("c")
+    assert stored is not None and stored.nodes[1].session_id == 91, "kept: tried again at the next call"
+    assert client.get(URL, headers=as_node()).status_code == 200
+    assert controller.provider.stopped == [("c", 1)]
+
+
+def test_tags_are_bounded_and_a_cluster_being_deleted_gets_no_node(world: Any) -> None:
+    client, store, _ = world
+    too_many = {f"k{i}": "v" for i in range(33)}
+    assert client.post(f"{URL}/1/tags", json={"tags": too_many}, headers=as_node()).status_code == 422
+    assert client.post(f"{URL}/1/tags", json={"tags": {"k": "v" * 1025}}, headers=as_node()).status_code == 422
+    store.update_cluster("c", role=ClusterRole.DELETING)
+    refused = client.post(URL, json={"type": "cpu", "count": 1}, headers=as_node())
+    assert refused.status_code == 409 and "being deleted" in refused.json()["detail"]
 
 
 def test_tags_are_kept_for_recorded_nodes_only(world: Any) -> None:

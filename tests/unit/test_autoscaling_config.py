@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from servekeeper.commands.nodes import node_token
-from servekeeper.core.planner.workers import expected_workers
+from servekeeper.core.planner.workers import expected_workers, released_between
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord
@@ -102,15 +102,28 @@ def test_bounds_or_options_without_the_autoscaler_are_refused() -> None:
     assert "needs enableInTreeAutoscaling: true" in problems_of({"workerGroups": [group]})
     options = {"autoscalerOptions": {"idleTimeoutSeconds": 5}}
     assert "autoscalerOptions needs enableInTreeAutoscaling: true" in problems_of(options)
+    assert "minReplicas (3) exceeds maxReplicas (2)" in problems_of(
+        {**AUTOSCALED, "workerGroups": [{"name": "cpu", "minReplicas": 3, "maxReplicas": 2}]}
+    )
+    # bounds without a starting count start at minReplicas, as KubeRay does
+    for bounds, start in (({"minReplicas": 2, "maxReplicas": 4}, 2), ({"maxReplicas": 3}, 1), ({"minReplicas": 0}, 0)):
+        group = {"name": "cpu", **bounds}
+        if "maxReplicas" not in bounds:
+            group["maxReplicas"] = 5
+        parsed = parse_spec(document({**AUTOSCALED, "workerGroups": [group]})).spec.rayClusterConfig
+        assert parsed.workerGroups[0].replicas == start, bounds
     # equal bounds say what replicas says: KubeRay's export writes them so
     pinned = {"name": "cpu", "replicas": 2, "minReplicas": 2, "maxReplicas": 2}
     assert parse_spec(document({"workerGroups": [pinned]})).spec.rayClusterConfig.worker_count() == 2
 
 
 def test_unset_autoscaling_fields_keep_a_stored_specs_hash() -> None:
-    # the value the code computed before these fields existed (test_pool_placement pins another)
-    assert parse_spec(VALID).cluster_spec_hash() == parse_spec(document({})).cluster_spec_hash()
-    before = parse_spec(VALID).cluster_spec_hash()
+    # the value main computes for VALID, before these fields existed (test_pool_placement pins another)
+    before = "666c10800a9e85e5"
+    assert parse_spec(VALID).cluster_spec_hash() == before
+    explicit = {"enableInTreeAutoscaling": False, "autoscalerOptions": None}
+    explicit["workerGroups"] = [{"name": "cpu", "replicas": 1, "numCpus": 1, "minReplicas": None, "maxReplicas": None}]
+    assert parse_spec(document(explicit)).cluster_spec_hash() == before, "explicit defaults are the defaults"
     on = parse_spec(document({"enableInTreeAutoscaling": True})).cluster_spec_hash()
     assert on != before
 
@@ -203,14 +216,10 @@ def test_kuberay_bounds_without_autoscaling_give_fixed_nodes_as_before() -> None
 
 
 def test_autoscaling_round_trips_through_a_kuberay_manifest_valid_for_its_crd() -> None:
-    spec = parse_spec(document(AUTOSCALED))
-    groups = [
-        group.model_copy(update={"minReplicas": group.min_nodes()}) for group in spec.spec.rayClusterConfig.workerGroups
-    ]
-    config = spec.spec.rayClusterConfig.model_copy(update={"workerGroups": groups})
-    spec = spec.model_copy(update={"spec": spec.spec.model_copy(update={"rayClusterConfig": config})})
+    spec = parse_spec(document(AUTOSCALED))  # the gpu group's minReplicas unset: stored as its count, 0
+    assert [g.minReplicas for g in spec.spec.rayClusterConfig.workerGroups] == [0, 0]
     text, back = roundtrip(spec)  # validated against KubeRay's CRD on the way
-    assert back == spec
+    assert back == spec and back.cluster_spec_hash() == spec.cluster_spec_hash(), "no new cluster for a round trip"
     cluster = yaml.safe_load(text)["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
     assert cluster["autoscalerOptions"] == {"idleTimeoutSeconds": 30, "upscalingMode": "Conservative"}
@@ -283,7 +292,9 @@ def test_an_autoscaled_clusters_nodes_carry_their_id_beside_the_users_resources(
     assert with_node_id({"resources": '{"custom": 2}'}, 3) == {"resources": '{"NODE_ID_AS_RESOURCE":3,"custom":2}'}
     assert with_node_id({"resources": '{\\"custom\\": 2}'}, 3)["resources"] == '{"NODE_ID_AS_RESOURCE":3,"custom":2}'
     assert with_node_id({"num-cpus": 1}, None) == {"num-cpus": 1}  # not autoscaled: unchanged
-    with pytest.raises(ValueError, match="is not a JSON object"):
+    kuberay_quoted = '"{\\"custom\\": 2}"'  # a JSON string holding the object, as a shell would see it
+    assert with_node_id({"resources": kuberay_quoted}, 3)["resources"] == '{"NODE_ID_AS_RESOURCE":3,"custom":2}'
+    with pytest.raises(ValueError, match="must be a JSON object of names to numbers"):
         with_node_id({"resources": "lots"}, 1)
     cluster, config = autoscaled_cluster()
     head_argv = head_command(cluster, config.head, "ray", autoscaled=True)
@@ -388,3 +399,34 @@ def test_each_group_shows_running_and_asked_for_nodes_within_its_bounds() -> Non
         (0, 0, False),
     ]
     assert worker_group_views(cluster, None) == []
+    # nodes without a group (a pool's, or rows written before nodes kept one): by their place
+    fixed_two = fixed.model_copy(update={"workerGroups": [fixed.workerGroups[0].model_copy(update={"replicas": 2})]})
+    ungrouped = cluster.with_changes(nodes=tuple(replace(node, group=None) for node in cluster.nodes[:3]))
+    (cpu,) = worker_group_views(ungrouped, fixed_two)
+    assert (cpu["nodes"], cpu["desired"]) == (1, 1)  # node 2 is stopped
+
+
+def test_a_groups_custom_resources_are_offered_to_rays_monitor_and_bad_ones_refused_at_apply() -> None:
+    """Ray launches a node of a group only for demand its resources meet: a group's own custom
+    resources must be in its node type, or a replica needing them waits forever."""
+    groups = [
+        {"name": "acc", "replicas": 0, "maxReplicas": 2, "numCpus": 1, "rayStartParams": {"resources": '{"acc": 1}'}}
+    ]
+    config = parse_spec(document({**AUTOSCALED, "workerGroups": groups})).spec.rayClusterConfig
+    node_types = autoscaling_config("c", config, {})["available_node_types"]
+    assert node_types["acc"]["resources"] == {"acc": 1, "CPU": 1}
+    bad = {**AUTOSCALED, "workerGroups": [{**groups[0], "rayStartParams": {"resources": "lots"}}]}
+    problem = problems_of(bad)
+    assert "workerGroups.0.rayStartParams" in problem and "JSON object of names to numbers" in problem, problem
+    assert "head.rayStartParams" in problems_of({"head": {"rayStartParams": {"resources": '{"a": -1}'}}})
+
+
+def test_a_release_between_two_reads_is_told_apart_from_a_worker_death() -> None:
+    cluster, config = autoscaled_cluster()
+    cluster, _ = launched(cluster, config, "cpu", 1)
+    released = cluster.with_changes(nodes=(*cluster.nodes[:2], replace(cluster.nodes[2], stopped=True, pid=None)))
+    assert released_between([cluster], [released])  # the tick's observation is stale: look again
+    assert not released_between([released], [released])
+    assert not released_between([released, released.with_changes(name="old")], [released])  # a cluster gone
+    grown, _ = launched(cluster, config, "cpu", 1)
+    assert not released_between([cluster], [grown]), "a launch is no release"

@@ -5,7 +5,7 @@ providers/node_provider. Each route takes the daemon's token or the cluster's ow
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
@@ -21,14 +21,20 @@ def node_route_cluster(path: str) -> str | None:
     return match.group(1) if match else None
 
 
+# Ray's own tags are a handful of short strings; these bounds keep what is held per node small.
+Tags = Annotated[
+    dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=1024)]], Field(max_length=32)
+]
+
+
 class LaunchRequest(BaseModel):
     type: str = Field(min_length=1, max_length=63)
     count: int = Field(ge=1, le=64)
-    tags: dict[str, str] = Field(default_factory=dict)
+    tags: Tags = Field(default_factory=dict)
 
 
 class TagsRequest(BaseModel):
-    tags: dict[str, str]
+    tags: Tags
 
 
 def node_routes(nodes: NodeCommands) -> APIRouter:

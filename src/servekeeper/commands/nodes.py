@@ -11,12 +11,14 @@ nodes only: with `disable_launch_config_check` the monitor reads none of them ba
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
 from servekeeper.commands.context import CommandContext
 from servekeeper.commands.errors import Conflict, NotFound
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord, Event
 from servekeeper.providers.autoscaling import (
     HEAD_NODE_TYPE,
@@ -25,7 +27,9 @@ from servekeeper.providers.autoscaling import (
     node_api_token,
     releasable,
 )
-from servekeeper.providers.base import with_nodes
+from servekeeper.providers.base import ProviderError, with_nodes
+
+logger = logging.getLogger(__name__)
 
 
 def node_token(secret: str, cluster: str) -> str:
@@ -62,7 +66,10 @@ class NodeCommands:
         cluster, _ = self._cluster(name)
         await self._finish_releases(cluster)
         live = {node.node_id for node in cluster.nodes if not node.stopped}
-        self.tags = {key: tags for key, tags in self.tags.items() if key[0] != name or key[1] in live}
+        existing = {c.name for c in self.store.list_clusters()}  # a deleted cluster's monitor calls no more
+        self.tags = {
+            key: tags for key, tags in self.tags.items() if key[0] in existing and (key[0] != name or key[1] in live)
+        }
         listed = []
         for node in cluster.nodes:
             if node.stopped or node.node_id is None:
@@ -81,6 +88,8 @@ class NodeCommands:
 
     def launch(self, name: str, node_type: str, count: int, tags: dict[str, str]) -> dict[str, Any]:
         cluster, config = self._cluster(name)
+        if cluster.role == ClusterRole.DELETING:
+            raise Conflict(f"cluster {name!r} is being deleted: no node is started for it")
         try:
             cluster, ids = launched(cluster, config, node_type, count)
         except NodeRequestRefused as exc:
@@ -105,7 +114,11 @@ class NodeCommands:
         for index, node in enumerate(cluster.nodes):
             key = (cluster.name, node.node_id or 0)
             if node.stopped and node.session_id is not None and node.node_id is not None and key not in self.releasing:
-                await self.controller.provider.stop_node(cluster, index)
+                try:
+                    await self.controller.provider.stop_node(cluster, index)
+                except ProviderError as exc:  # tried again at the next call; the list is still answered
+                    logger.warning("[%s] released node %s not stopped yet: %s", cluster.name, node.node_id, exc)
+                    continue
                 self._record_node(cluster.name, node.node_id, session_id=None)
 
     async def release(self, name: str, node_id: int) -> dict[str, Any]:

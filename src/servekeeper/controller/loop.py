@@ -27,6 +27,7 @@ from servekeeper.controller.submit import StopTick, TickOutcome
 from servekeeper.core import actions as act
 from servekeeper.core.hooks import Hooks
 from servekeeper.core.planner import plan
+from servekeeper.core.planner.workers import released_between
 from servekeeper.model.enums import ClusterRole, ConditionType, SwitchGate
 from servekeeper.model.observation import Observation
 from servekeeper.model.records import ClusterRecord, ServiceRecord
@@ -170,6 +171,8 @@ class Controller:
         spec = ServiceSpec.model_validate_json(service.spec_json)
         clusters = self.store.list_clusters(name)
         observation = await self.observer.observe(service, clusters, spec)
+        if released_between(clusters, self.store.list_clusters(name)):
+            return FAST_TICK_SECONDS  # a node Ray released as this tick looked: its exit is no death
         self.observations[name] = observation
         decision = plan(spec, service, clusters, observation, self.clock(), self.gate)
         if not any(isinstance(action, act.CreateCluster) for action in decision.actions):

@@ -25,7 +25,7 @@ from servekeeper.kuberay.fields import (
 from servekeeper.kuberay.notes import Findings, NoteKind, SecretRef
 from servekeeper.kuberay.quantity import QuantityError, parse_quantity, quantity_value
 from servekeeper.kuberay.versions import DeclaredVersions
-from servekeeper.model.cluster_spec import OWNED_START_PARAMS
+from servekeeper.model.start_params import OWNED_START_PARAMS
 
 
 def is_gpu_resource(name: str) -> bool:

@@ -18,8 +18,9 @@ from servekeeper.kuberay.fields import EXTENSIONS_ANNOTATION, INITIALIZING_TIMEO
 from servekeeper.kuberay.notes import SecretRef
 from servekeeper.kuberay.quantity import format_duration, format_memory
 from servekeeper.kuberay.versions import image_tag
-from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec, StartParamValue
+from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec
 from servekeeper.model.spec import IngressSpec, ReadinessSpec, ServiceSpec, ServiceSpecBody
+from servekeeper.model.start_params import StartParamValue
 
 RAY_IMAGE = "rayproject/ray"
 

@@ -11,46 +11,12 @@ from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import Field, field_validator, model_validator
 
 from servekeeper.model.base import DNS_LABEL, StrictModel
+from servekeeper.model.start_params import StartParamValue, check_start_params
 
 RAY_VERSION = re.compile(r"^\d+\.\d+\.\d+$")  # a Ray release, as `pip install ray==` takes it
 PYTHON_VERSION = re.compile(r"^3\.\d{1,2}$")  # a Python minor version: an interpreter on the host
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-START_PARAM_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
 
-# Ports, addresses and directories of a cluster are servekeeper's: it allocates them so that
-# clusters side by side never collide, and records them so that it can re-adopt them.
-OWNED_START_PARAMS = frozenset(
-    {
-        "head",
-        "block",
-        "address",
-        "port",
-        "node-ip-address",
-        "dashboard-host",
-        "dashboard-port",
-        "ray-client-server-port",
-        "min-worker-port",
-        "max-worker-port",
-        "worker-port-list",
-        "dashboard-agent-listen-port",
-        "dashboard-agent-grpc-port",
-        "node-manager-port",
-        "object-manager-port",
-        "metrics-export-port",
-        "runtime-env-agent-port",
-        "temp-dir",
-        "num-cpus",
-        "num-gpus",  # numGpus
-        "memory",  # memory
-        "disable-usage-stats",
-        "include-dashboard",
-        "gcs-server-port",
-        "redis-password",
-        "redis-username",
-    }
-)
-
-StartParamValue = str | int | float | bool
 
 # Set on the nodes by servekeeper when gcsFaultTolerance is on.
 GCS_FT_ENV = frozenset(
@@ -73,17 +39,6 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _check_start_params(params: dict[str, StartParamValue]) -> dict[str, StartParamValue]:
-    for key, value in params.items():
-        if not START_PARAM_KEY.match(key):
-            raise ValueError(f"rayStartParams key {key!r} must look like 'object-store-memory'")
-        if key in OWNED_START_PARAMS:
-            raise ValueError(f"rayStartParams {key!r} is set by servekeeper and cannot be overridden")
-        if isinstance(value, str) and any(ch in value for ch in "\x00\n\r"):
-            raise ValueError(f"rayStartParams {key!r} contains a control character")
-    return params
-
-
 class HeadGroupSpec(StrictModel):
     numCpus: float = Field(default=1, ge=0, le=1024)
     # `ray start --num-gpus` / `--memory` (bytes: Ray's logical memory resource). None: not passed,
@@ -96,7 +51,17 @@ class HeadGroupSpec(StrictModel):
     host: str | None = None
 
     _env = field_validator("env")(_check_env)
-    _params = field_validator("rayStartParams")(_check_start_params)
+    _params = field_validator("rayStartParams")(check_start_params)
+
+
+def _with_starting_count(group: dict[str, object]) -> dict[str, object]:
+    """Bounds without a starting count start at minReplicas, as KubeRay does (at most maxReplicas,
+    and 1, the default count, when only maxReplicas is given)."""
+    low, high = group.get("minReplicas"), group.get("maxReplicas")
+    if "replicas" in group or not (isinstance(low, int) or isinstance(high, int)):
+        return group
+    start = low if isinstance(low, int) else 1
+    return {**group, "replicas": min(start, high) if isinstance(high, int) else start}
 
 
 class WorkerGroupSpec(HeadGroupSpec):
@@ -113,8 +78,15 @@ class WorkerGroupSpec(HeadGroupSpec):
     def max_nodes(self) -> int:
         return self.replicas if self.maxReplicas is None else self.maxReplicas
 
+    @model_validator(mode="before")
+    @classmethod
+    def _start_within_the_bounds(cls, data: object) -> object:
+        return _with_starting_count(data) if isinstance(data, dict) else data
+
     @model_validator(mode="after")
     def _replicas_within_bounds(self) -> WorkerGroupSpec:
+        if self.min_nodes() > self.max_nodes():
+            raise ValueError(f"minReplicas ({self.min_nodes()}) exceeds maxReplicas ({self.max_nodes()})")
         if not self.min_nodes() <= self.replicas <= self.max_nodes():
             raise ValueError(
                 f"replicas ({self.replicas}) must lie within minReplicas ({self.min_nodes()}) "
@@ -234,6 +206,26 @@ class RayClusterConfigSpec(StrictModel):
     pip: list[str] = Field(default_factory=list, max_length=200)
     # Ray's own autoscaler adds and removes worker nodes between each group's bounds.
     enableInTreeAutoscaling: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _autoscaled_bounds_as_values(cls, data: object) -> object:
+        # With Ray's autoscaler each group's bounds are stored as values: the KubeRay manifest
+        # `export` writes (it must carry them) then imports back as the same spec, the same hash.
+        if not isinstance(data, dict) or data.get("enableInTreeAutoscaling") is not True:
+            return data
+        groups = data.get("workerGroups")
+        if not isinstance(groups, list):
+            return data
+        filled: list[object] = []
+        for group in groups:
+            if isinstance(group, dict):
+                group = _with_starting_count(group)
+                count = group.get("replicas", 1)
+                group = {**group, **{key: count for key in ("minReplicas", "maxReplicas") if group.get(key) is None}}
+            filled.append(group)
+        return {**data, "workerGroups": filled}
+
     autoscalerOptions: AutoscalerOptionsSpec | None = None
 
     def worker_count(self) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 from servekeeper.model.cluster_spec import AutoscalerOptionsSpec, HeadGroupSpec, RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord, NodePlacement
+from servekeeper.model.start_params import custom_resources
 from servekeeper.providers.local_nodes import LOCAL_HOST
 from servekeeper.providers.ray_start import NODE_ID_RESOURCE
 
@@ -49,8 +50,9 @@ UPSCALING_SPEED = {"Conservative": 1.0, "Default": 1000.0, "Aggressive": 1000.0}
 
 
 def node_resources(group: HeadGroupSpec) -> dict[str, float]:
-    """What a node of `group` offers Ray's scheduler, as `ray start` is told it."""
-    resources: dict[str, float] = {"CPU": group.numCpus}
+    """What a node of `group` offers Ray's scheduler, as `ray start` is told it: Ray's monitor
+    launches a node of a group only for demand the group's resources can meet."""
+    resources: dict[str, float] = {**custom_resources(group.rayStartParams), "CPU": group.numCpus}
     if group.numGpus is not None:
         resources["GPU"] = group.numGpus
     if group.memory is not None:

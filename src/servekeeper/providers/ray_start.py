@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from servekeeper.model.cluster_spec import HeadGroupSpec, StartParamValue
+from servekeeper.model.cluster_spec import HeadGroupSpec
 from servekeeper.model.records import NodePorts
+from servekeeper.model.start_params import StartParamValue, custom_resources
 
 # The custom resource by which Ray's autoscaler knows a node it asked for (Ray's own name: its
 # monitor reads it with `use_node_id_as_ip`, every node of one machine having one address).
@@ -53,18 +54,8 @@ def group_args(group: HeadGroupSpec) -> list[str]:
 
 def with_node_id(params: dict[str, StartParamValue], node_id: int | None) -> dict[str, StartParamValue]:
     """rayStartParams with the node's id among its custom resources (None: unchanged). The
-    user's own `resources` (JSON; KubeRay's shell-escaped quotes accepted) are kept beside it."""
+    user's own `resources` (KubeRay's shell-escaped forms accepted) are kept beside it."""
     if node_id is None:
         return params
-    given = params.get("resources")
-    resources: dict[str, object] = {}
-    if isinstance(given, str) and given.strip():
-        try:
-            resources = dict(json.loads(given))
-        except (ValueError, TypeError):
-            try:
-                resources = dict(json.loads(given.replace('\\"', '"')))
-            except (ValueError, TypeError):
-                raise ValueError(f"rayStartParams resources {given!r} is not a JSON object") from None
-    resources[NODE_ID_RESOURCE] = node_id
+    resources: dict[str, object] = {**custom_resources(params), NODE_ID_RESOURCE: node_id}
     return {**params, "resources": json.dumps(resources, sort_keys=True, separators=(",", ":"))}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from servekeeper.core import canary_steps
+from servekeeper.core.planner.workers import expected_workers
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.observation import AppState, Observation, ProbeState
@@ -69,9 +70,14 @@ def worker_group_views(cluster: ClusterRecord, config: RayClusterConfigSpec | No
     """Each worker group's running and recorded nodes against its bounds, from the record."""
     if config is None:
         return []
+    # A node without a group (a pool's, or a row written before nodes kept one) is known by its
+    # place: the spec's groups in order, each its replicas long, after the head.
+    by_place = [group.name for group in config.workerGroups for _ in range(group.replicas)]
+    workers = [node for node in cluster.nodes if node.role == "worker"]
+    groups = [node.group or (by_place[i] if i < len(by_place) else None) for i, node in enumerate(workers)]
     views: list[WorkerGroupView] = []
     for group in config.workerGroups:
-        recorded = [node for node in cluster.nodes if node.group == group.name and not node.stopped]
+        recorded = [node for node, name in zip(workers, groups, strict=True) if name == group.name and not node.stopped]
         views.append(
             {
                 "name": group.name,
@@ -94,7 +100,7 @@ def cluster_config(cluster: ClusterRecord) -> RayClusterConfigSpec | None:
 
 def _workers_expected(cluster: ClusterRecord) -> int | None:
     try:
-        return RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).worker_count()
+        return expected_workers(cluster)  # with Ray's autoscaler: those recorded, not the spec's
     except ValueError:  # a record stored by an older version: the count is unknown, not an error
         return None
 

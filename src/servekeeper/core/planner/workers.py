@@ -27,6 +27,16 @@ def expected_workers(cluster: ClusterRecord) -> int:
     return config.worker_count()
 
 
+def released_between(before: list[ClusterRecord], after: list[ClusterRecord]) -> bool:
+    """Whether a node was recorded stopped (Ray's autoscaler released it) between two reads of a
+    service's clusters: an observation made from the first would take its exit for a death."""
+
+    def stopped(clusters: list[ClusterRecord]) -> set[tuple[str, int]]:
+        return {(c.name, i) for c in clusters for i, node in enumerate(c.nodes) if node.stopped}
+
+    return not stopped(after) <= stopped(before)
+
+
 def restartable(cluster: ClusterRecord, exited: tuple[int, ...]) -> list[NodePlacement]:
     """The worker nodes among `exited` (pids) that may be started again where they were."""
     return [
