@@ -40,9 +40,11 @@ DEFAULTS = {
 
 def spec(port: int, replicas: int, msg: str = "v1", idle_seconds: float = 10, max_nodes: int = 2) -> dict[str, Any]:
     """A hello service whose replicas need the workers' CPUs (none on the head); a new `msg` is a
-    new cluster (serveConfigUpdate: NewCluster), a new `replicas` an in-place change."""
-    document = hello_spec(NAME, port, msg=msg, head_cpus=0, serveConfigUpdate="NewCluster")
+    new cluster (it is in the head's env too: a cluster change), a new `replicas` an in-place
+    change of the Serve config."""
+    document = hello_spec(NAME, port, msg=msg, head_cpus=0)
     config = document["spec"]["rayClusterConfig"]
+    config["head"]["env"] = {"HELLO_RELEASE": msg}
     config["enableInTreeAutoscaling"] = True
     config["autoscalerOptions"] = {"idleTimeoutSeconds": idle_seconds}
     config["workerGroups"] = [{"name": "cpu", "replicas": 0, "minReplicas": 0, "maxReplicas": max_nodes, "numCpus": 1}]
