@@ -44,7 +44,7 @@ from servekeeper.providers.local_nodes import (
     worker_command,
     worker_group_of,
 )
-from servekeeper.providers.local_processes import OWNER_ENV
+from servekeeper.providers.local_processes import OWNER_ENV, unrecorded_leader
 from servekeeper.providers.ports import PortAllocator
 from servekeeper.providers.ray_start import with_node_id
 from servekeeper.views.service import worker_group_views
@@ -430,3 +430,30 @@ def test_a_release_between_two_reads_is_told_apart_from_a_worker_death() -> None
     assert not released_between([released, released.with_changes(name="old")], [released])  # a cluster gone
     grown, _ = launched(cluster, config, "cpu", 1)
     assert not released_between([cluster], [grown]), "a launch is no release"
+
+
+def test_an_unrecorded_ray_start_of_a_node_is_found_by_its_tag_and_nothing_else_is(tmp_path: Path) -> None:
+    """What a controller killed between a node's spawn and its record leaves: its `ray start`,
+    leading its session, tagged with the node. A tagged process that leads no session (a raylet
+    left behind) or names another temp dir is no node to adopt."""
+    tag, temp_dir = str(tmp_path / "worker-cpu-id3.log"), str(tmp_path / "temp")
+    script = "import time; time.sleep(60)"
+
+    def spawn(argv_temp_dir: str, leader: bool) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-c", script, "start", f"--temp-dir={argv_temp_dir}"]
+        return subprocess.Popen(argv, env={**os.environ, NODE_TAG_ENV: tag}, start_new_session=leader)
+
+    left_behind, elsewhere = spawn(temp_dir, leader=False), spawn("/tmp/other", leader=True)
+    try:
+        assert unrecorded_leader(tag, temp_dir) is None
+        node = spawn(temp_dir, leader=True)
+        try:
+            assert unrecorded_leader(tag, temp_dir) == node.pid
+            assert unrecorded_leader(tag + ".other", temp_dir) is None
+        finally:
+            node.kill()
+            node.wait()
+    finally:
+        for process in (left_behind, elsewhere):
+            process.kill()
+            process.wait()

@@ -62,6 +62,7 @@ from servekeeper.providers.local_processes import (
     private_temp_dir,
     session_is_ours,
     session_members,
+    unrecorded_leader,
 )
 from servekeeper.providers.node_argv import gcs_storage_dir
 from servekeeper.providers.node_log import TAIL_BYTES, hidden_values, last_lines
@@ -183,16 +184,29 @@ class LocalProvider:
                 raise ProviderError(f"the head's GCS did not open port {cluster.ports.gcs}; see {cluster.log_dir}")
             else:
                 await wait_for_earlier_raylets(nodes[:index])
-            # What an exited node left (its raylet, its ports; or a start cut short by a crash
-            # before its pid was recorded) goes first: never a second node beside the first.
-            await asyncio.to_thread(stop_leftovers, node_tag(cluster, index))
-            # (the temp dir is not checked again: the head's first start made it, and Ray opened it)
-            pid = self._spawn_node(cluster, config, index)
-            if cluster.ready_at is not None:
-                self.hooks.reached("node-spawned", cluster)
+            pid = await self._adopt_or_spawn(cluster, config, index)
             nodes[index] = replace(node, pid=pid, session_id=pid)
             cluster = with_nodes(cluster, nodes)
             record(nodes=cluster.nodes)
+
+    async def _adopt_or_spawn(self, cluster: ClusterRecord, config: RayClusterConfigSpec, index: int) -> int:
+        """Node `index`'s pid: a worker a dead controller spawned and never recorded is adopted
+        (Ray knows it already: stopping it would make Ray ask for another); otherwise what an exited
+        node left (its raylet, its ports; a start cut short) goes first, then it is started: never
+        a second node beside the first."""
+        tag = node_tag(cluster, index)
+        adopted = await asyncio.to_thread(unrecorded_leader, tag, cluster.temp_dir) if index else None
+        if adopted is not None:
+            logger.info(
+                "[%s/%s] node %d runs unrecorded (pid %d): adopted", cluster.service, cluster.name, index, adopted
+            )
+            return adopted
+        await asyncio.to_thread(stop_leftovers, tag)
+        # (the temp dir is not checked again: the head's first start made it, and Ray opened it)
+        pid = self._spawn_node(cluster, config, index)
+        if cluster.ready_at is not None:
+            self.hooks.reached("node-spawned", cluster)
+        return pid
 
     async def create(
         self, draft: ClusterRecord, config: RayClusterConfigSpec, records: ClusterRecords

@@ -12,7 +12,7 @@ import stat
 import psutil
 
 from servekeeper.model.records import ClusterRecord
-from servekeeper.providers.local_nodes import processes_tagged
+from servekeeper.providers.local_nodes import NODE_TAG_ENV, processes_tagged
 from servekeeper.providers.remote.node_agent import UnsafePath, private_dir
 
 OWNER_ENV = "SERVEKEEPER_CLUSTER_LOG_DIR"
@@ -48,6 +48,17 @@ def is_our_node(pid: int, temp_dir: str) -> bool:
         return f"--temp-dir={temp_dir}" in process.cmdline()
     except psutil.Error:
         return False
+
+
+def unrecorded_leader(tag: str, temp_dir: str) -> int | None:
+    """The `ray start` of a node that runs with no pid on record (a controller killed between
+    spawning it and recording it): the process carrying the node's tag that leads its own
+    session and is a `ray start` of this cluster. Blocks: run it in a worker thread."""
+    for process in processes_tagged(NODE_TAG_ENV, tag.__eq__):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(process.pid) == process.pid and is_our_node(process.pid, temp_dir):
+                return process.pid
+    return None
 
 
 def local_temp_dir(name: str, uid: int | None = None) -> str:
