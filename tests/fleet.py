@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 SUBNET_PREFIX = "10.231.7"
 ROOT_ADDRESS = f"{SUBNET_PREFIX}.1"
 SSHD = "/usr/sbin/sshd"
@@ -185,6 +187,15 @@ class Fleet:
             },
         }
 
+    def leftovers_described(self, grace: float = 5.0) -> dict[str, list[str]]:
+        """What is left on the hosts once `grace` seconds passed without it all going (a process
+        still exiting when a stop returned is not an orphan), each with its state and command
+        line: a teardown failure then says what survived."""
+        deadline = time.monotonic() + grace
+        while (leftovers := self.leftover_processes()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return {host: [_described(pid) for pid in pids] for host, pids in leftovers.items()}
+
     def leftover_processes(self) -> dict[str, list[int]]:
         """Processes in each host's namespace other than sshd (its listener and the processes
         that serve open SSH connections)."""
@@ -194,6 +205,14 @@ class Fleet:
             if others:
                 leftovers[host.name] = others
         return leftovers
+
+
+def _described(pid: int) -> str:
+    try:
+        process = psutil.Process(pid)
+        return f"{pid} {process.status()} {' '.join(process.cmdline())[:300]}"
+    except psutil.Error:
+        return f"{pid} (gone)"
 
 
 def _is_sshd(pid: int) -> bool:

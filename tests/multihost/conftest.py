@@ -35,7 +35,8 @@ def pool_daemon(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Itera
     finally:
         leftovers = sk.down_and_check_nothing_left()
         assert not leftovers, f"processes left behind: {leftovers}"
-        assert not fleet.leftover_processes(), f"left on the hosts: {fleet.leftover_processes()}"
+        on_hosts = fleet.leftovers_described()
+        assert not on_hosts, f"left on the hosts: {on_hosts}"
 
 
 def apply_yaml(sk: Servekeeper, document: dict[str, Any], label: str) -> None:

@@ -113,7 +113,8 @@ def shared(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         fleet.hosts[1].set_sftp(True)
         leftovers = sk.down_and_check_nothing_left()
         assert not leftovers, f"processes left behind: {leftovers}"
-        assert not fleet.leftover_processes(), f"left on the hosts: {fleet.leftover_processes()}"
+        on_hosts = fleet.leftovers_described()
+        assert not on_hosts, f"left on the hosts: {on_hosts}"
 
 
 def test_a_pool_too_small_for_two_clusters_waits_then_proceeds_when_a_host_is_added(shared: Shared) -> None:

@@ -92,7 +92,8 @@ def shared(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     finally:
         leftovers = sk.down_and_check_nothing_left()
         assert not leftovers, f"processes left behind: {leftovers}"
-        assert not fleet.leftover_processes(), f"left on the hosts: {fleet.leftover_processes()}"
+        on_hosts = fleet.leftovers_described()
+        assert not on_hosts, f"left on the hosts: {on_hosts}"
 
 
 def alive_node_addresses(shared: Shared, cluster: dict[str, Any]) -> list[str]:
