@@ -17,12 +17,10 @@ from servekeeper.testing.harness import (
     MODELS,
     Servekeeper,
     free_port,
-    hello_spec,
     model_urls,
     registry_spec,
     wait_until,
 )
-from servekeeper.testing.load import Load
 
 pytestmark = pytest.mark.ray
 
@@ -110,20 +108,3 @@ def test_registry_upgrade_waits_for_the_probe_and_drops_nothing() -> None:
     assert report["failed"] == 0, f"failed requests: {report['failures_by_kind']}"
     assert report["models_answering_v2"] == MODELS
     assert report["leftover_processes"] == []
-
-
-def test_serve_config_update_new_cluster_rolls_a_cluster_for_a_serve_only_change(sk: Servekeeper) -> None:
-    port = free_port()
-    sk.up()
-    sk.apply(hello_spec("rolling", port, msg="v1", ready_delay_s=5, serveConfigUpdate="NewCluster"))
-    assert sk.wait("rolling") == 0
-    first = sk.get("rolling")["activeCluster"]["name"]
-    with Load(f"http://127.0.0.1:{port}/", clients=CLIENTS) as load:
-        wait_until(lambda: load.result.ok > 50, 30, "load to start")
-        sk.apply(hello_spec("rolling", port, msg="v2", ready_delay_s=5, serveConfigUpdate="NewCluster"))
-        assert sk.wait("rolling") == 0
-        wait_until(lambda: load.result.bodies["v2"] > 50, 60, "v2 responses")
-    assert load.result.failed == 0, f"failed requests: {dict(load.result.failures)}"
-    view = sk.get("rolling")
-    assert view["activeCluster"]["name"] != first
-    assert view["activeCluster"]["generation"] == 2

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.ray
 
 PROTOCOLS_EXAMPLE = REPO / "examples" / "protocols"
 NO_PROXY_GRPC = [("grpc.enable_http_proxy", 0)]
+GRPC_THREADS = 4
 
 
 def protocols_spec(
@@ -107,70 +108,6 @@ def _first_chunk_timing(url: str) -> tuple[float, float, str]:
     return first, total, body.decode()
 
 
-def test_websocket_held_across_an_upgrade_and_streaming_first_chunk_through_the_ingress(sk: Servekeeper) -> None:
-    port = free_port()
-    sk.up()
-    sk.apply(protocols_spec("proto", port, "v1", head_cpus=1))
-    assert sk.wait("proto") == 0
-    old = sk.clusters()[0]
-    direct_url = sk.get("proto")["activeCluster"]["serveUrl"]
-    ingress_url = f"http://127.0.0.1:{port}"
-
-    # Streaming: time to first chunk through Envoy vs straight to the cluster's Serve proxy,
-    # alternated so that drift on the machine hits both alike.
-    stream_path = "/stream?chunks=2&interval_s=1"
-    _first_chunk_timing(ingress_url + stream_path)  # warm both paths (upstream connection, replica)
-    _first_chunk_timing(direct_url + stream_path)
-    through, direct = [], []
-    for _ in range(5):
-        for base, into in ((ingress_url, through), (direct_url, direct)):
-            first, total, body = _first_chunk_timing(base + stream_path)
-            assert body == "data: v1 token 0\n\ndata: v1 token 1\n\n", body
-            assert first < total - 0.8, f"first chunk at {first:.3f}s of a {total:.3f}s stream: buffered"
-            into.append(first)
-    print(
-        f"time to first chunk, median of 5: through the ingress {statistics.median(through) * 1000:.1f} ms, "
-        f"direct {statistics.median(direct) * 1000:.1f} ms"
-    )
-    assert statistics.median(through) - statistics.median(direct) < 0.05, (through, direct)
-
-    # WebSocket: one socket held across a cluster-shape upgrade.
-    held = HeldSocket(f"ws://127.0.0.1:{port}/ws")
-    try:
-        wait_until(lambda: len(held.answers) >= 3 or held.errors, 10, "the held socket to echo")
-        applied_at = time.monotonic()
-        sk.apply(protocols_spec("proto", port, "v2", head_cpus=2))
-        assert sk.wait("proto") == 0
-        switched_at = time.monotonic()
-        new_cluster = sk.get("proto")["activeCluster"]["name"]
-        assert new_cluster != old["name"]
-
-        with _ws_connect(f"ws://127.0.0.1:{port}/ws") as fresh:
-            fresh.send("new")
-            assert fresh.recv(timeout=10) == "v2:new"
-        assert httpx.get(ingress_url + "/", trust_env=False, timeout=10).text == "v2"
-
-        # The open socket keeps the old cluster draining well past the 2 s minimum drain.
-        time.sleep(max(0.0, switched_at + 6 - time.monotonic()))
-        assert _cluster_roles(sk).get(old["name"]) == "draining", sk.clusters()
-        assert not held.errors, held.errors
-    finally:
-        held.close()
-    closed_at = time.monotonic()
-    wait_until(lambda: old["name"] not in _cluster_roles(sk), 10, "the old cluster to go once its socket closed")
-    gone_after = time.monotonic() - closed_at
-    print(
-        f"held socket: {len(held.answers)} echoes over {closed_at - applied_at:.1f}s "
-        f"(switch after {switched_at - applied_at:.1f}s); old cluster gone {gone_after:.1f}s after the close"
-    )
-
-    assert not held.errors, held.errors
-    assert {version for _, version in held.answers} == {"v1"}
-    assert max(t for t, _ in held.answers) > switched_at + 5  # it echoed past the switch, not just before
-    assert "ClusterDrained" in sk.events("proto")
-    wait_until(lambda: not pid_alive(old["head_pid"]), 30, "the old cluster's head to exit")
-
-
 # -- gRPC -----------------------------------------------------------------------------------------
 
 
@@ -222,31 +159,82 @@ def _grpc_call(port: int) -> str:
     return str(answer.greeting)
 
 
-def test_grpc_through_the_ingress_across_an_upgrade_drops_nothing(sk: Servekeeper) -> None:
+# -- One upgrade under every protocol -------------------------------------------------------------
+
+
+def test_streaming_then_a_held_websocket_and_grpc_calls_across_one_upgrade_drop_nothing(sk: Servekeeper) -> None:
+    """One upgrade for both: a WebSocket held across it and gRPC calls under load through it."""
     port, grpc_port = free_port(), free_port()
     sk.up()
-    sk.apply(protocols_spec("rpc", port, "v1", head_cpus=1, grpc_port=grpc_port))
-    assert sk.wait("rpc") == 0
+    sk.apply(protocols_spec("proto", port, "v1", head_cpus=1, grpc_port=grpc_port))
+    assert sk.wait("proto") == 0
     old = sk.clusters()[0]
     assert _grpc_call(grpc_port) == "v1:probe"
+    direct_url = sk.get("proto")["activeCluster"]["serveUrl"]
+    ingress_url = f"http://127.0.0.1:{port}"
 
-    threads = 4
-    with GrpcLoad(grpc_port, threads=threads) as load:
-        wait_until(lambda: load.ok["v1"] > 50, 30, "gRPC load to start")
-        sk.apply(protocols_spec("rpc", port, "v2", head_cpus=2, grpc_port=grpc_port))
-        assert sk.wait("rpc") == 0
-        wait_until(lambda: load.ok["v2"] > 50, 30, "v2 gRPC answers")
-        # The old cluster drains (no call in flight) and is deleted with the load still running.
-        wait_until(lambda: old["name"] not in _cluster_roles(sk), 60, "the old cluster to drain and go")
-        calls_at_deletion = sum(load.ok.values())
-        wait_until(lambda: sum(load.ok.values()) > calls_at_deletion + 50, 30, "calls after the deletion")
-    print(f"gRPC across the upgrade: {dict(load.ok)} answered, failures {dict(load.failures)}")
+    # Streaming: time to first chunk through Envoy vs straight to the cluster's Serve proxy,
+    # alternated so that drift on the machine hits both alike.
+    stream_path = "/stream?chunks=2&interval_s=1"
+    _first_chunk_timing(ingress_url + stream_path)  # warm both paths (upstream connection, replica)
+    _first_chunk_timing(direct_url + stream_path)
+    through, direct = [], []
+    for _ in range(5):
+        for base, into in ((ingress_url, through), (direct_url, direct)):
+            first, total, body = _first_chunk_timing(base + stream_path)
+            assert body == "data: v1 token 0\n\ndata: v1 token 1\n\n", body
+            assert first < total - 0.8, f"first chunk at {first:.3f}s of a {total:.3f}s stream: buffered"
+            into.append(first)
+    print(
+        f"time to first chunk, median of 5: through the ingress {statistics.median(through) * 1000:.1f} ms, "
+        f"direct {statistics.median(direct) * 1000:.1f} ms"
+    )
+    assert statistics.median(through) - statistics.median(direct) < 0.05, (through, direct)
 
-    assert not load.failures, dict(load.failures)
-    first_v2 = min(t for t, label in load.timeline if label == "v2")
+    # WebSocket: one socket held across a cluster-shape upgrade, gRPC calls in a loop through it.
+    held = HeldSocket(f"ws://127.0.0.1:{port}/ws")
+    with GrpcLoad(grpc_port, threads=GRPC_THREADS) as grpc_load:
+        try:
+            wait_until(lambda: len(held.answers) >= 3 or held.errors, 10, "the held socket to echo")
+            wait_until(lambda: grpc_load.ok["v1"] > 50, 30, "gRPC load to start")
+            applied_at = time.monotonic()
+            sk.apply(protocols_spec("proto", port, "v2", head_cpus=2, grpc_port=grpc_port))
+            assert sk.wait("proto") == 0
+            switched_at = time.monotonic()
+            new_cluster = sk.get("proto")["activeCluster"]["name"]
+            assert new_cluster != old["name"]
+
+            with _ws_connect(f"ws://127.0.0.1:{port}/ws") as fresh:
+                fresh.send("new")
+                assert fresh.recv(timeout=10) == "v2:new"
+            assert httpx.get(ingress_url + "/", trust_env=False, timeout=10).text == "v2"
+            wait_until(lambda: grpc_load.ok["v2"] > 50, 30, "v2 gRPC answers")
+
+            # The open socket keeps the old cluster draining well past the 2 s minimum drain.
+            time.sleep(max(0.0, switched_at + 6 - time.monotonic()))
+            assert _cluster_roles(sk).get(old["name"]) == "draining", sk.clusters()
+            assert not held.errors, held.errors
+        finally:
+            held.close()
+        closed_at = time.monotonic()
+        wait_until(lambda: old["name"] not in _cluster_roles(sk), 10, "the old cluster to go once its socket closed")
+        gone_after = time.monotonic() - closed_at
+        # The old cluster drained (no call in flight) and was deleted with the gRPC load still running.
+        calls_at_deletion = sum(grpc_load.ok.values())
+        wait_until(lambda: sum(grpc_load.ok.values()) > calls_at_deletion + 50, 30, "gRPC calls after the deletion")
+    print(f"gRPC across the upgrade: {dict(grpc_load.ok)} answered, failures {dict(grpc_load.failures)}")
+    assert not grpc_load.failures, dict(grpc_load.failures)
+    first_v2 = min(t for t, label in grpc_load.timeline if label == "v2")
     # The switch is atomic: after the first v2 only calls already in flight (one per thread) answer v1.
-    assert sum(1 for t, label in load.timeline if label == "v1" and t > first_v2) <= threads
+    assert sum(1 for t, label in grpc_load.timeline if label == "v1" and t > first_v2) <= GRPC_THREADS
     assert _grpc_call(grpc_port) == "v2:probe"
+    print(
+        f"held socket: {len(held.answers)} echoes over {closed_at - applied_at:.1f}s "
+        f"(switch after {switched_at - applied_at:.1f}s); old cluster gone {gone_after:.1f}s after the close"
+    )
 
-
-# -- Envoy killed under load ----------------------------------------------------------------------
+    assert not held.errors, held.errors
+    assert {version for _, version in held.answers} == {"v1"}
+    assert max(t for t, _ in held.answers) > switched_at + 5  # it echoed past the switch, not just before
+    assert "ClusterDrained" in sk.events("proto")
+    wait_until(lambda: not pid_alive(old["head_pid"]), 30, "the old cluster's head to exit")

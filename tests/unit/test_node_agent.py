@@ -138,6 +138,38 @@ def test_a_session_not_led_by_the_node_is_not_the_node(
     assert not Path(marker).exists()  # nothing of the node is left, so its temp dir goes
 
 
+def test_a_process_ray_renamed_is_known_by_the_files_it_holds_once_its_session_leader_is_gone(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    """Ray's agents and workers rename themselves (`ray::DashboardAgent`), which overwrites the
+    environment /proc shows, tag included; one outlived its raylet and `ray start` on a fleet
+    host (a CI run). Holding its log open under the node's temp dir makes it the node's; a
+    renamed process holding another node's files is left alone."""
+    marker, elsewhere = tmp_path / "node", tmp_path / "other-node"
+    marker.mkdir()
+    elsewhere.mkdir()
+
+    def renamed(log: Path) -> subprocess.Popen[bytes]:
+        with log.open("wb") as out:  # no tag in its environment, as /proc shows a renamed one
+            return subprocess.Popen(
+                ["bash", "-c", 'exec -a "ray::DashboardAgent" sleep 60'],
+                stdout=out,
+                start_new_session=True,
+                env={"PATH": os.environ["PATH"]},
+            )
+
+    orphan, bystander = renamed(marker / "dashboard_agent.log"), renamed(elsewhere / "dashboard_agent.log")
+    processes.extend([orphan, bystander])
+    wait_for(lambda: node_agent.renamed_by_ray(orphan.pid) and node_agent.renamed_by_ray(bystander.pid))
+    assert not node_agent.tagged(orphan.pid, str(marker))
+    gone_leader = 2**22 + 7  # the session's leader (`ray start`) exited: a pid nothing has
+    assert node_agent.members(gone_leader, str(marker)) == [orphan.pid]
+    answer = node_agent.run("stop", {"sid": gone_leader, "marker": str(marker), "term_grace": 1.0, "kill_grace": 5.0})
+    assert answer == {"left": []}
+    assert orphan.wait(5) == -signal.SIGTERM
+    assert bystander.poll() is None  # another node's
+
+
 def test_stat_reads_past_a_command_name_with_parentheses_and_spaces(
     tmp_path: Path, processes: list[subprocess.Popen[bytes]]
 ) -> None:

@@ -104,16 +104,20 @@ def session_is_ours(session_id: int, temp_dir: str, log_dir: str) -> bool:
     """A recorded session id may have been reused by an unrelated session after a reboot.
 
     It is ours if its leader is still our `ray start`, or if any live member of the session
-    names our temp dir or carries our owner tag (the leader is gone but its children linger;
-    actor workers rename themselves, "ray::ServeReplica:...", hiding the temp dir, but keep the
-    environment, so another cluster's workers are never taken for ours).
+    names our temp dir, carries our owner tag, or holds a file open under our temp dir (the
+    leader is gone but its children linger; actor workers rename themselves,
+    "ray::ServeReplica:...", hiding the temp dir, and `ray::DashboardAgent` hides its environment
+    too, but each keeps its logs open there, so another cluster's processes are never taken for ours).
     """
     if is_our_node(session_id, temp_dir):
         return True
+    inside = temp_dir.rstrip("/") + "/"
     for process in session_members((session_id,)):
         with contextlib.suppress(psutil.Error):
             if any(temp_dir in part for part in process.cmdline()):
                 return True
             if process.environ().get(OWNER_ENV) == log_dir:
+                return True
+            if any(opened.path.startswith(inside) for opened in process.open_files()):
                 return True
     return False

@@ -7,6 +7,10 @@ with the standard library only, and it reads Linux's /proc itself: no psutil, no
 
 A node is found again by its session (the `ray start` launched here leads one of its own) and
 by its tag: every process of a node inherits `SERVEKEEPER_NODE=<temp dir>` in its environment.
+Ray's own processes that rename themselves (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`,
+workers) overwrite what /proc shows of their environment: they are known by the files they hold
+open under the node's temp dir (their logs), since they can outlive the `ray start` and raylet
+that led their session (a raylet that lost its GCS exits, its agent may not).
 """
 
 from __future__ import annotations
@@ -111,6 +115,31 @@ def tagged(pid: int | str, marker: str) -> bool:
         return False
 
 
+def holds_files_under(pid: int | str, directory: str) -> bool:
+    """Does the process hold a file open under `directory` (a node's temp dir: its logs)?"""
+    prefix = directory.rstrip("/") + "/"
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for descriptor in descriptors:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{descriptor}").startswith(prefix):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def renamed_by_ray(pid: int | str) -> bool:
+    """Did Ray rename the process (`ray::<name>`), overwriting its environment as /proc shows it?"""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return file.read(5) == b"ray::"
+    except OSError:
+        return False
+
+
 def is_node(pid: int, marker: str) -> bool:
     """Is `pid` a live process started with `--temp-dir=<marker>` (the node's `ray start`)?"""
     state, _ = stat_of(pid)
@@ -125,7 +154,8 @@ def is_node(pid: int, marker: str) -> bool:
 
 
 def members(sid: int, marker: str) -> list[int]:
-    """The node's live processes: those in session `sid`, and those that carry its tag.
+    """The node's live processes: those in session `sid`, and those that carry its tag (or,
+    renamed by Ray, hold its files).
 
     The session counts only while it is provably the node's (its leader is our `ray start`, or
     a member carries our tag): a session id is a pid, and pids are reused."""
@@ -137,7 +167,7 @@ def members(sid: int, marker: str) -> list[int]:
         state, session = stat_of(entry)
         if state is None or state == "Z":
             continue
-        if tagged(entry, marker):
+        if tagged(entry, marker) or (renamed_by_ray(entry) and holds_files_under(entry, marker)):
             by_tag.append(int(entry))
         elif session == sid:
             in_session.append(int(entry))
