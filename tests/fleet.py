@@ -187,14 +187,11 @@ class Fleet:
             },
         }
 
-    def leftovers_described(self, grace: float = 5.0) -> dict[str, list[str]]:
-        """What is left on the hosts once `grace` seconds passed without it all going (a process
-        still exiting when a stop returned is not an orphan), each with its state and command
-        line: a teardown failure then says what survived."""
-        deadline = time.monotonic() + grace
-        while (leftovers := self.leftover_processes()) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        return {host: [_described(pid) for pid in pids] for host, pids in leftovers.items()}
+    def leftovers_described(self) -> dict[str, list[str]]:
+        """What is left on the hosts, each with its state and command line: a teardown failure
+        then says what survived. Checked at once: a process no stop signalled may exit on its
+        own a moment later, and is an orphan all the same."""
+        return {host: [_described(pid) for pid in pids] for host, pids in self.leftover_processes().items()}
 
     def leftover_processes(self) -> dict[str, list[int]]:
         """Processes in each host's namespace other than sshd (its listener and the processes

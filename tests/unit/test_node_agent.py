@@ -170,6 +170,28 @@ def test_a_process_ray_renamed_is_known_by_the_files_it_holds_once_its_session_l
     assert bystander.poll() is None  # another node's
 
 
+def test_a_dashboard_module_reached_through_a_symlinked_work_dir_is_the_nodes(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    """The dashboard head's modules take titles of their own (`ray-dashboard-NodeHead-0 (...)`),
+    and /proc names open files by their resolved path: a work dir reached through a symlink."""
+    real = tmp_path / "real-work-dir"
+    (real / "node").mkdir(parents=True)
+    (tmp_path / "work-dir").symlink_to(real)
+    marker = str(tmp_path / "work-dir" / "node")
+    with (real / "node" / "dashboard.log").open("wb") as log:
+        module = subprocess.Popen(
+            ["bash", "-c", 'exec -a "ray-dashboard-NodeHead-0 (python)" sleep 60'],
+            stdout=log,
+            start_new_session=True,
+            env={"PATH": os.environ["PATH"]},
+        )
+    processes.append(module)
+    wait_for(lambda: node_agent.renamed_by_ray(module.pid))
+    assert node_agent.holds_files_under(module.pid, marker)
+    assert node_agent.members(2**22 + 7, marker) == [module.pid]
+
+
 def test_stat_reads_past_a_command_name_with_parentheses_and_spaces(
     tmp_path: Path, processes: list[subprocess.Popen[bytes]]
 ) -> None:

@@ -111,9 +111,10 @@ def session_is_ours(session_id: int, temp_dir: str, log_dir: str) -> bool:
     """
     if is_our_node(session_id, temp_dir):
         return True
-    inside = temp_dir.rstrip("/") + "/"
+    inside = tuple({temp_dir.rstrip("/") + "/", os.path.realpath(temp_dir).rstrip("/") + "/"})
     for process in session_members((session_id,)):
-        with contextlib.suppress(psutil.Error):
+        # psutil raises a bare OSError too when a process exits as its files are read
+        with contextlib.suppress(psutil.Error, OSError):
             if any(temp_dir in part for part in process.cmdline()):
                 return True
             if process.environ().get(OWNER_ENV) == log_dir:

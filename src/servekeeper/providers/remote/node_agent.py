@@ -116,26 +116,32 @@ def tagged(pid: int | str, marker: str) -> bool:
 
 
 def holds_files_under(pid: int | str, directory: str) -> bool:
-    """Does the process hold a file open under `directory` (a node's temp dir: its logs)?"""
-    prefix = directory.rstrip("/") + "/"
+    """Does the process hold a file open under `directory` (a node's temp dir: its logs)? The
+    kernel names each file by its resolved path: a work dir reached through a symlink counts too."""
+    prefixes = tuple({directory.rstrip("/") + "/", os.path.realpath(directory).rstrip("/") + "/"})
     try:
         descriptors = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return False
     for descriptor in descriptors:
         try:
-            if os.readlink(f"/proc/{pid}/fd/{descriptor}").startswith(prefix):
+            if os.readlink(f"/proc/{pid}/fd/{descriptor}").startswith(prefixes):
                 return True
         except OSError:
             continue
     return False
 
 
+# The titles Ray gives its processes (agents and workers; the dashboard head's modules), which
+# overwrite the environment /proc shows when they are longer than the original command line.
+RAY_TITLES = (b"ray::", b"ray-dashboard-")
+
+
 def renamed_by_ray(pid: int | str) -> bool:
-    """Did Ray rename the process (`ray::<name>`), overwriting its environment as /proc shows it?"""
+    """Did Ray rename the process, perhaps overwriting its environment as /proc shows it?"""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as file:
-            return file.read(5) == b"ray::"
+            return file.read(32).startswith(RAY_TITLES)
     except OSError:
         return False
 
