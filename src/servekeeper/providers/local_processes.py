@@ -13,7 +13,7 @@ import psutil
 
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.local_nodes import NODE_TAG_ENV, processes_tagged
-from servekeeper.providers.remote.node_agent import UnsafePath, private_dir
+from servekeeper.providers.remote.node_agent import UnsafePath, holds_files_under, private_dir
 
 OWNER_ENV = "SERVEKEEPER_CLUSTER_LOG_DIR"
 
@@ -111,7 +111,6 @@ def session_is_ours(session_id: int, temp_dir: str, log_dir: str) -> bool:
     """
     if is_our_node(session_id, temp_dir):
         return True
-    inside = tuple({temp_dir.rstrip("/") + "/", os.path.realpath(temp_dir).rstrip("/") + "/"})
     for process in session_members((session_id,)):
         # psutil raises a bare OSError too when a process exits as its files are read
         with contextlib.suppress(psutil.Error, OSError):
@@ -119,6 +118,6 @@ def session_is_ours(session_id: int, temp_dir: str, log_dir: str) -> bool:
                 return True
             if process.environ().get(OWNER_ENV) == log_dir:
                 return True
-            if any(opened.path.startswith(inside) for opened in process.open_files()):
+            if holds_files_under(process.pid, temp_dir):
                 return True
     return False
