@@ -81,6 +81,7 @@ def test_a_killed_active_head_fails_over_in_the_data_plane_even_with_the_control
         shared.sk.kill_controller()  # kill -9: the failover must not need it
         killed_at = time.time()
         kill_local_cluster(active["headPid"])
+        killed_by = time.time()  # its processes die one by one: a request can reach one meanwhile
         time.sleep(4)  # the ingress alone serves from the standby meanwhile
         served_alone = [label for when, label in load.result.timeline if killed_at + 1 < when]
         shared.sk.up()
@@ -88,14 +89,21 @@ def test_a_killed_active_head_fails_over_in_the_data_plane_even_with_the_control
         time.sleep(2)
         result = load.stop()
     gap, client_stalled = result.longest_gap(killed_at - 1, killed_at + 6)
-    after = [label for when, label in result.timeline if when > killed_at]
+    after_kill = [(when, label) for when, label in result.timeline if when > killed_at]
+    after = [label for _, label in after_kill]
     failed = [label for label in after if label != "v1"]
     print(
         f"\nhot standby: longest gap {gap:.2f}s, {len(failed)} failed of {len(after)} after the kill: {result.failures}"
+        f"\n{result.failed_answers}"
     )
     assert gap - client_stalled <= 1.0, f"{gap:.2f}s without an answer ({client_stalled:.2f}s the client's own stall)"
-    # Only requests in flight on the dead cluster fail: at most one per client.
-    assert len(failed) <= CLIENTS, result.failures
+    # Only requests in flight on the dying cluster fail, cut off as it dies (Envoy's words for a
+    # reset after the request was sent); none that came after it was gone. About one per client:
+    # more when a client's next request reached a listener not yet closed by the dying process.
+    late = [(round(when - killed_by, 2), label) for when, label in after_kill if when > killed_by + 1.0]
+    assert all(label == "v1" for _, label in late), [failure for failure in late if failure[1] != "v1"]
+    assert all("reset reason: connection" in said for said in result.failed_answers), result.failed_answers
+    assert len(failed) <= 2 * CLIENTS, result.failed_answers
     assert served_alone and set(served_alone) == {"v1"}, "the standby answered while the controller was down"
     [promoted] = shared.messages("StandbyPromoted", killed_at)
     assert f"the head of {active['name']} exited" in promoted

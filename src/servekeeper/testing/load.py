@@ -22,6 +22,9 @@ class LoadResult:
     # every failed request by "<kind>: <exception>", kind one of connect, reset, timeout, error;
     # or "HTTP <status>", or "echo-mismatch" (a 200 whose POST echo is not the body sent)
     failures: collections.Counter[str] = field(default_factory=collections.Counter)
+    # each failed HTTP answer by "<status> <method>: <its body's first line>" (who answered: Envoy
+    # names the reset or the missing upstream, Serve its own error), for a failure's diagnosis
+    failed_answers: collections.Counter[str] = field(default_factory=collections.Counter)
     # answers by version: a GET's whole body, a POST's first line (after its echo was checked)
     bodies: collections.Counter[str] = field(default_factory=collections.Counter)
     timeline: list[tuple[float, str]] = field(default_factory=list)  # (time, version or failure key)
@@ -179,6 +182,8 @@ class Load:
             return self._fail(_failure_key(exc))
         text = response.content.decode("utf-8", errors="replace")
         if response.status_code != 200:
+            said = text.strip().partition("\n")[0][:120]
+            self.result.failed_answers[f"{response.status_code} {method}: {said}"] += 1
             return self._fail(f"HTTP {response.status_code}")
         version = text
         if sent is not None:
