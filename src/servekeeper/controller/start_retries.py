@@ -3,7 +3,13 @@ first to the last (not every tick: one event per try, so history is not pushed o
 counts as a restart of the nodes still down: one budget per node, MAX_WORKER_RESTARTS over its
 cluster's life whatever the cause, kept in the record across controller restarts; spent, the
 node stays down and the cluster's health says so. A permanent error (a head's GCS tables gone)
-is not tried again: waiting will not mend it."""
+is not tried again: waiting will not mend it.
+
+With Ray's autoscaler, a worker whose start is given up is released instead (recorded stopped,
+as a release by Ray is): left down, it would be listed to Ray as pending for ever, and Ray would
+count it against its demand and never ask for another. Released, Ray asks again at its own pace,
+for a node with an id and a budget of its own; what its start may have left running is stopped
+at the monitor's next call, as after any release (commands/nodes.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from servekeeper.core.planner import MAX_WORKER_RESTARTS
-from servekeeper.model.records import ClusterRecord, NodePlacement
-from servekeeper.providers.base import PermanentProviderError
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.records import ClusterRecord, Event, NodePlacement
+from servekeeper.providers.base import PermanentProviderError, with_nodes
 from servekeeper.store.store import Store
 
 START_RETRY_FIRST_SECONDS = 5.0
@@ -34,14 +41,29 @@ class StartRetries:
         failures = self.pending.get(cluster.name, (0, 0.0))[0] + 1
         if isinstance(error, PermanentProviderError):
             self.pending[cluster.name] = (failures, math.inf)
-            return "not tried again (waiting will not mend it): the node stays down"
+            return self._given_up(current, "not tried again (waiting will not mend it)")
         if tries >= MAX_WORKER_RESTARTS:
             self.pending[cluster.name] = (failures, math.inf)
-            return f"no tries left (restart {tries} of at most {MAX_WORKER_RESTARTS}): the node stays down"
+            return self._given_up(current, f"no tries left (restart {tries} of at most {MAX_WORKER_RESTARTS})")
         # (the exponent capped: a count without a restart budget, a record without nodes, keeps growing)
         delay = min(START_RETRY_FIRST_SECONDS * 2 ** min(failures - 1, 16), START_RETRY_MAX_SECONDS)
         self.pending[cluster.name] = (failures, self.clock() + delay)
         return f"trying again in {delay:g}s (restart {tries} of at most {MAX_WORKER_RESTARTS})"
+
+    def _given_up(self, cluster: ClusterRecord, why: str) -> str:
+        """What the event says of a start given up; Ray's autoscaler's nodes among those down
+        are released (see the module's docstring), the others stay down."""
+        kept, released = released_when_given_up(cluster)
+        if not released:
+            return f"{why}: the node stays down"
+        self.store.update_cluster(cluster.name, nodes=kept.nodes, worker_pids=kept.worker_pids)
+        if not down_nodes(kept):  # nothing left to try: a node Ray asks for next is started at once
+            self.pending.pop(cluster.name, None)
+        ids = ", ".join(str(node_id) for node_id in released)
+        message = f"{why}: node(s) {ids} of {cluster.name} released, so Ray's autoscaler may ask for others"
+        event = Event(cluster.service, self.clock(), "Warning", "NodeRemoved", message)
+        self.store.add_events([event])
+        return f"{why}: node(s) {ids} released for Ray's autoscaler to ask again"
 
     def due(self, cluster: ClusterRecord) -> ClusterRecord | None:
         """The cluster to start, or None while its failed start waits for its next try; a try
@@ -63,3 +85,14 @@ def down_nodes(cluster: ClusterRecord) -> list[NodePlacement]:
     """The nodes of a cluster not running (their start failed, or is due): workers, and a head
     started again in place (GCS fault tolerance)."""
     return [node for node in cluster.nodes if node.pid is None and not node.stopped]
+
+
+def released_when_given_up(cluster: ClusterRecord) -> tuple[ClusterRecord, list[int]]:
+    """`cluster` with the worker nodes down that Ray's autoscaler manages recorded stopped (each
+    keeps its session, if its start left one: stopped at the monitor's next call), and their ids;
+    unchanged without Ray's autoscaler."""
+    if not RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).enableInTreeAutoscaling:
+        return cluster, []
+    down = [node for node in down_nodes(cluster) if node.role == "worker" and node.node_id is not None]
+    nodes = (replace(node, stopped=True, pid=None) if node in down else node for node in cluster.nodes)
+    return with_nodes(cluster, nodes), [node.node_id for node in down if node.node_id is not None]

@@ -174,28 +174,34 @@ class LocalProvider:
         a crash never leaves an unknown process; it gets every node as this start knows them,
         and the controller keeps only those this start launched (`launched_into`)."""
         nodes = list(nodes_of(cluster))
+        head_started = False
         for index, node in enumerate(nodes):
             if node.pid is not None or node.stopped:
                 continue
             if index == 0:
                 await asyncio.to_thread(check_gcs_kept, cluster)
                 forget_running_cluster(cluster.temp_dir)
+                head_started = True
             elif not await wait_for_port("127.0.0.1", cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
                 raise ProviderError(f"the head's GCS did not open port {cluster.ports.gcs}; see {cluster.log_dir}")
             else:
                 await wait_for_earlier_raylets(nodes[:index])
-            pid = await self._adopt_or_spawn(cluster, config, index)
+            pid = await self._adopt_or_spawn(cluster, config, index, adopt=index > 0 and not head_started)
             nodes[index] = replace(node, pid=pid, session_id=pid)
             cluster = with_nodes(cluster, nodes)
             record(nodes=cluster.nodes)
 
-    async def _adopt_or_spawn(self, cluster: ClusterRecord, config: RayClusterConfigSpec, index: int) -> int:
-        """Node `index`'s pid: a worker a dead controller spawned and never recorded is adopted
-        (Ray knows it already: stopping it would make Ray ask for another); otherwise what an exited
-        node left (its raylet, its ports; a start cut short) goes first, then it is started: never
-        a second node beside the first."""
+    async def _adopt_or_spawn(
+        self, cluster: ClusterRecord, config: RayClusterConfigSpec, index: int, adopt: bool
+    ) -> int:
+        """Node `index`'s pid: with `adopt`, a worker a dead controller spawned and never recorded
+        is adopted (Ray knows it already: stopping it would make Ray ask for another); otherwise
+        what an exited node left (its raylet, its ports; a start cut short) goes first, then it is
+        started: never a second node beside the first. Not after the head was started again by
+        the same start: that worker's raylet lost the GCS it joined, and would exit after Ray's
+        reconnect timeout to be started again then."""
         tag = node_tag(cluster, index)
-        adopted = await asyncio.to_thread(unrecorded_leader, tag, cluster.temp_dir) if index else None
+        adopted = await asyncio.to_thread(unrecorded_leader, tag, cluster.temp_dir) if adopt else None
         if adopted is not None:
             logger.info(
                 "[%s/%s] node %d runs unrecorded (pid %d): adopted", cluster.service, cluster.name, index, adopted
