@@ -89,6 +89,10 @@ def test_a_launch_is_recorded_unstarted_and_listed_then_a_release_stops_and_reco
     assert answer.status_code == 200 and answer.json() == {"ids": [2, 3]}
     stored = store.get_cluster("c")
     assert stored is not None and [n.node_id for n in stored.nodes if n.pid is None] == [0, 1, 2, 3]
+    # Ports for the two, held by the cluster from now on, recorded with them; none of them taken before
+    assert stored.ports.node_ports[2:] == tuple(n.ports for n in stored.nodes[2:])
+    before = {port for node in stored.ports.node_ports[:2] for port in node.all_ports()}
+    assert not before & {port for node in stored.ports.node_ports[2:] for port in node.all_ports()}
     assert controller.woken == [stored.service]
     tags = client.get(URL, headers=as_node()).json()["nodes"][2]["tags"]
     assert tags["ray-launch-config"] == "h"  # Ray's own tags are kept and given back

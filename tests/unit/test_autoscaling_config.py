@@ -5,6 +5,7 @@ in the shape the spike ran on Ray 2.60 (../shared/DESIGN.md)."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ from servekeeper.commands.nodes import node_token
 from servekeeper.core.planner.workers import expected_workers, released_between
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
-from servekeeper.model.records import ClusterRecord
+from servekeeper.model.records import ClusterRecord, NodePorts
 from servekeeper.model.spec import SpecError, parse_spec
 from servekeeper.providers.autoscaling import (
     NODE_ID_RESOURCE,
@@ -45,7 +46,7 @@ from servekeeper.providers.local_nodes import (
     worker_group_of,
 )
 from servekeeper.providers.local_processes import OWNER_ENV, unrecorded_leader
-from servekeeper.providers.ports import PortAllocator
+from servekeeper.providers.ports import PortAllocator, PortsExhausted
 from servekeeper.providers.ray_start import with_node_id
 from servekeeper.views.service import worker_group_views
 from tests.unit.test_kuberay_export import roundtrip
@@ -230,37 +231,54 @@ def test_autoscaling_round_trips_through_a_kuberay_manifest_valid_for_its_crd() 
 # -- nodes asked for and released by Ray's autoscaler, as records ------------------------------
 
 
+_PORT_BLOCKS = itertools.count(40_000, 100)
+
+
+def new_ports() -> NodePorts:
+    """Node ports no other call gave (the allocator's stand-in: no port is probed)."""
+    base = next(_PORT_BLOCKS)
+    return NodePorts(base, base + 1, base + 2, base + 3, base + 4, base + 5, base + 10, base + 99)
+
+
 def autoscaled_cluster() -> tuple[ClusterRecord, RayClusterConfigSpec]:
     config = parse_spec(document(AUTOSCALED)).spec.rayClusterConfig
-    cluster = draft("c", config).with_changes(ports=PortAllocator().cluster(worker_nodes=config.max_worker_count()))
+    cluster = draft("c", config).with_changes(ports=PortAllocator().cluster(worker_nodes=config.worker_count()))
     return cluster.with_changes(nodes=placed_nodes(cluster, config)), config
 
 
-def test_a_cluster_is_given_room_for_its_maximum_and_starts_with_replicas() -> None:
+def test_a_cluster_holds_ports_for_the_nodes_it_starts_with_not_its_maximum() -> None:
     cluster, config = autoscaled_cluster()
-    assert len(cluster.ports.node_ports) == 1 + 5  # the head, then room for every maxReplicas
+    assert len(cluster.ports.node_ports) == 1 + 1  # the head and its one cpu replica; maxReplicas 3 + 2
     assert [(n.role, n.group, n.node_id) for n in cluster.nodes] == [("head", None, 0), ("worker", "cpu", 1)]
 
 
-def test_launched_nodes_are_recorded_unstarted_on_spare_ports_with_fresh_ids() -> None:
+def test_launched_nodes_are_recorded_unstarted_on_new_ports_it_then_holds_with_fresh_ids() -> None:
     cluster, config = autoscaled_cluster()
-    cluster, ids = launched(cluster, config, "cpu", 2)
+    cluster, ids = launched(cluster, config, "cpu", 2, new_ports)
     assert ids == [2, 3]
     added = cluster.nodes[-2:]
     assert all(n.pid is None and n.group == "cpu" and n.role == "worker" for n in added)
     assert len({n.ports for n in cluster.nodes}) == 4  # no two nodes on the same ports
+    assert cluster.ports.node_ports[2:] == tuple(n.ports for n in added)  # held: no other cluster takes them
+
+    def exhausted() -> NodePorts:
+        raise PortsExhausted("no free block of 90 ports found in 20000-32767")
+
+    with pytest.raises(NodeRequestRefused, match="no ports for 1 more node"):
+        launched(cluster, config, "gpu", 1, exhausted)
     with pytest.raises(NodeRequestRefused, match=r"3 node\(s\) and 1 more exceed its maxReplicas \(3\)"):
-        launched(cluster, config, "cpu", 1)
+        launched(cluster, config, "cpu", 1, new_ports)
     with pytest.raises(NodeRequestRefused, match="no worker group 'tpu'"):
-        launched(cluster, config, "tpu", 1)
+        launched(cluster, config, "tpu", 1, new_ports)
 
     # a released node's id is never given again; its ports are, once it is stopped
     index = releasable(cluster, 2)
     nodes = list(cluster.nodes)
     nodes[index] = replace(nodes[index], stopped=True)
     cluster = cluster.with_changes(nodes=tuple(nodes))
-    cluster, ids = launched(cluster, config, "cpu", 1)
-    assert ids == [4] and cluster.nodes[-1].ports == cluster.nodes[index].ports
+    held = cluster.ports
+    cluster, ids = launched(cluster, config, "cpu", 1, exhausted)  # no new port needed
+    assert ids == [4] and cluster.nodes[-1].ports == cluster.nodes[index].ports and cluster.ports == held
 
 
 def test_only_a_running_worker_of_the_cluster_is_released() -> None:
@@ -274,7 +292,7 @@ def test_only_a_running_worker_of_the_cluster_is_released() -> None:
 
 def test_a_launched_node_starts_on_its_own_ports_in_its_group_with_a_log_named_by_its_id() -> None:
     cluster, config = autoscaled_cluster()
-    cluster, (node_id,) = launched(cluster, config, "cpu", 1)
+    cluster, (node_id,) = launched(cluster, config, "cpu", 1, new_ports)
     index = len(cluster.nodes) - 1
     node = cluster.nodes[index]
     assert worker_group_of(config, node, index).name == "cpu"
@@ -309,7 +327,7 @@ def test_nodes_asked_for_during_a_start_survive_it_and_count_as_expected() -> No
     cluster, config = autoscaled_cluster()
     start_began = cluster
     started = [replace(node, pid=100 + i, session_id=100 + i) for i, node in enumerate(cluster.nodes)]
-    asked, _ = launched(cluster, config, "cpu", 1)  # recorded while that start ran
+    asked, _ = launched(cluster, config, "cpu", 1, new_ports)  # recorded while that start ran
     merged = launched_into(asked, start_began, started)
     assert [node.pid for node in merged.nodes] == [100, 101, None]  # the asked-for node kept, unstarted
     assert merged.worker_pids == (101,)
@@ -325,7 +343,7 @@ def test_nodes_asked_for_during_a_start_survive_it_and_count_as_expected() -> No
 
 async def test_a_released_local_node_gets_sigterm_and_its_leftovers_go_the_other_nodes_stay(tmp_path: Path) -> None:
     cluster, config = autoscaled_cluster()
-    cluster, _ = launched(cluster, config, "cpu", 1)
+    cluster, _ = launched(cluster, config, "cpu", 1, new_ports)
     cluster = cluster.with_changes(log_dir=str(tmp_path), temp_dir=str(tmp_path / "temp"))
     # a node's `ray start` leads its session and carries the cluster's owner tag and its own node tag
     sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -351,7 +369,7 @@ async def test_a_released_local_node_gets_sigterm_and_its_leftovers_go_the_other
 
 def test_a_new_cluster_starts_at_the_node_count_the_active_has_now_within_bounds() -> None:
     active, config = autoscaled_cluster()
-    active, _ = launched(active, config, "cpu", 2)  # scaled out to 3 cpu nodes
+    active, _ = launched(active, config, "cpu", 2, new_ports)  # scaled out to 3 cpu nodes
     active = active.with_changes(role=ClusterRole.ACTIVE)
     other_service = active.with_changes(name="x", service="other")
     scaled = scaled_like(config, active.service, [other_service, active])
@@ -385,7 +403,7 @@ def test_the_heads_monitor_gets_the_module_its_config_and_a_private_token(tmp_pa
 
 def test_each_group_shows_running_and_asked_for_nodes_within_its_bounds() -> None:
     cluster, config = autoscaled_cluster()
-    cluster, _ = launched(cluster, config, "cpu", 2)  # asked for, not started yet
+    cluster, _ = launched(cluster, config, "cpu", 2, new_ports)  # asked for, not started yet
     nodes = list(cluster.nodes)
     nodes[1] = replace(nodes[1], pid=4242)  # the starting worker runs
     nodes[2] = replace(nodes[2], stopped=True)  # one launched node released again
@@ -423,12 +441,12 @@ def test_a_groups_custom_resources_are_offered_to_rays_monitor_and_bad_ones_refu
 
 def test_a_release_between_two_reads_is_told_apart_from_a_worker_death() -> None:
     cluster, config = autoscaled_cluster()
-    cluster, _ = launched(cluster, config, "cpu", 1)
+    cluster, _ = launched(cluster, config, "cpu", 1, new_ports)
     released = cluster.with_changes(nodes=(*cluster.nodes[:2], replace(cluster.nodes[2], stopped=True, pid=None)))
     assert released_between([cluster], [released])  # the tick's observation is stale: look again
     assert not released_between([released], [released])
     assert not released_between([released, released.with_changes(name="old")], [released])  # a cluster gone
-    grown, _ = launched(cluster, config, "cpu", 1)
+    grown, _ = launched(cluster, config, "cpu", 1, new_ports)
     assert not released_between([cluster], [grown]), "a launch is no release"
 
 

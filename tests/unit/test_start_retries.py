@@ -18,7 +18,7 @@ from servekeeper.providers.autoscaling import launched
 from servekeeper.providers.base import PermanentProviderError, RetryableProviderError, with_nodes
 from servekeeper.store.store import Store
 from tests.unit.fakes import FakeClock
-from tests.unit.test_autoscaling_config import autoscaled_cluster
+from tests.unit.test_autoscaling_config import autoscaled_cluster, new_ports
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def spend_every_try(retries: StartRetries, store: Store, clock: FakeClock, name:
 
 def test_a_launched_node_whose_start_is_given_up_is_released_for_ray_to_ask_again(store: Store) -> None:
     cluster, config = autoscaled_cluster()
-    cluster, [launched_id] = launched(serving(cluster, running=2), config, "cpu", 1)
+    cluster, [launched_id] = launched(serving(cluster, running=2), config, "cpu", 1, new_ports)
     store.put_cluster(cluster)
     clock = FakeClock()
     retries = StartRetries(store, clock)
@@ -72,13 +72,13 @@ def test_a_launched_node_whose_start_is_given_up_is_released_for_ray_to_ask_agai
     [event] = [e for e in store.list_events(cluster.service) if e.reason == "NodeRemoved"]
     assert event.type == "Warning" and f"node(s) {launched_id} of c released" in event.message
     # Nothing left to try: a node Ray asks for next is started at once, not after a pause.
-    again, _ = launched(stored, config, "cpu", 1)
+    again, _ = launched(stored, config, "cpu", 1, new_ports)
     assert retries.due(again) is again
 
 
 def test_a_permanent_error_releases_at_once_and_the_session_a_start_left_is_kept_for_its_stop(store: Store) -> None:
     cluster, config = autoscaled_cluster()
-    cluster, [launched_id] = launched(serving(cluster, running=2), config, "cpu", 1)
+    cluster, [launched_id] = launched(serving(cluster, running=2), config, "cpu", 1, new_ports)
     spawned = replace(cluster.nodes[-1], session_id=4321)  # a start that spawned it, then failed
     cluster = cluster.with_changes(nodes=(*cluster.nodes[:-1], spawned))
     store.put_cluster(cluster)

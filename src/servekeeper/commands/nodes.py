@@ -12,6 +12,7 @@ nodes only: with `disable_launch_config_check` the monitor reads none of them ba
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +20,7 @@ from servekeeper.commands.context import CommandContext
 from servekeeper.commands.errors import Conflict, NotFound
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
-from servekeeper.model.records import ClusterRecord, Event
+from servekeeper.model.records import ClusterRecord, Event, NodePorts
 from servekeeper.providers.autoscaling import (
     HEAD_NODE_TYPE,
     NodeRequestRefused,
@@ -28,6 +29,7 @@ from servekeeper.providers.autoscaling import (
     releasable,
 )
 from servekeeper.providers.base import ProviderError, with_nodes
+from servekeeper.providers.ports import PortAllocator
 
 logger = logging.getLogger(__name__)
 
@@ -91,16 +93,22 @@ class NodeCommands:
         if cluster.role == ClusterRole.DELETING:
             raise Conflict(f"cluster {name!r} is being deleted: no node is started for it")
         try:
-            cluster, ids = launched(cluster, config, node_type, count)
+            cluster, ids = launched(cluster, config, node_type, count, self._port_source())
         except NodeRequestRefused as exc:
             raise Conflict(str(exc)) from None
-        self.store.update_cluster(name, nodes=cluster.nodes)
+        self.store.update_cluster(name, nodes=cluster.nodes, ports=cluster.ports)  # intent and ports at once
         for node_id in ids:
             self.tags[(name, node_id)] = dict(tags)
         message = f"Ray's autoscaler asked for {count} {node_type} node(s) on {name}: ids {ids}"
         self.store.add_events([Event(cluster.service, self.controller.clock(), "Normal", "NodeAdded", message)])
         self.controller.wake(cluster.service)
         return {"ids": ids}
+
+    def _port_source(self) -> Callable[[], NodePorts]:
+        """Node ports free on this machine that no cluster holds and no ingress declares (as a
+        cluster's own are chosen when it is created)."""
+        held = [port for cluster in self.store.list_clusters() for port in cluster.ports.all_ports()]
+        return PortAllocator([*held, *self.store.declared_ports()]).node
 
     def set_tags(self, name: str, node_id: int, tags: dict[str, str]) -> dict[str, Any]:
         cluster, _ = self._cluster(name)

@@ -60,7 +60,7 @@ def worker_nodes(findings: Findings, path: str, worker: dict[str, Any], autoscal
         low = minimum or 0
         high = maximum if maximum is not None else max(replicas or 0, low)
         if maximum is None:
-            # KubeRay reads an absent maxReplicas as unbounded; ports and room are reserved up to it here.
+            # KubeRay reads an absent maxReplicas as unbounded; a group here always has a bound.
             findings.note(
                 NoteKind.CHANGED, f"{path}.maxReplicas", f"absent (unbounded in KubeRay): {high} node(s) at most"
             )

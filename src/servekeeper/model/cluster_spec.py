@@ -232,7 +232,7 @@ class RayClusterConfigSpec(StrictModel):
         return sum(group.replicas for group in self.workerGroups)
 
     def max_worker_count(self) -> int:
-        """The most worker nodes the cluster may have: what it is given room (ports) for."""
+        """The most worker nodes the cluster may have (Ray's autoscaler's bound)."""
         return sum(group.max_nodes() for group in self.workerGroups)
 
     @field_validator("excludes")

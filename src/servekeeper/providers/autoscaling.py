@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from servekeeper.model.cluster_spec import AutoscalerOptionsSpec, HeadGroupSpec, RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
-from servekeeper.model.records import ClusterRecord, NodePlacement
+from servekeeper.model.records import ClusterRecord, NodePlacement, NodePorts
 from servekeeper.model.start_params import custom_resources
 from servekeeper.providers.local_nodes import LOCAL_HOST
+from servekeeper.providers.ports import PortsExhausted
 from servekeeper.providers.ray_start import NODE_ID_RESOURCE
 
 # Ray on Spark's name for the head's type: no worker group can take it (a group name is a DNS label).
@@ -107,11 +110,17 @@ class NodeRequestRefused(ValueError):
 
 
 def launched(
-    cluster: ClusterRecord, config: RayClusterConfigSpec, group_name: str, count: int
+    cluster: ClusterRecord,
+    config: RayClusterConfigSpec,
+    group_name: str,
+    count: int,
+    new_ports: Callable[[], NodePorts],
 ) -> tuple[ClusterRecord, list[int]]:
     """`cluster` (on this machine) with `count` more worker nodes of `group_name` recorded, not
     started (intent: the provider starts the nodes whose pid is None), on node ports the cluster
-    holds and no running node uses; and their ids, never used before in this cluster."""
+    holds and no live node uses (a released node's), else on `new_ports`, then held by the
+    cluster too; and their ids, never used before in this cluster. A cluster holds ports for the
+    nodes it starts with, not for its maximum: a group of 64 would hold some 3,500 ports idle."""
     if cluster.pool is not None:
         raise NodeRequestRefused(f"cluster {cluster.name} runs on pool {cluster.pool}: its nodes are placed there")
     group = next((g for g in config.workerGroups if g.name == group_name), None)
@@ -125,9 +134,13 @@ def launched(
             f"exceed its maxReplicas ({group.max_nodes()})"
         )
     taken = {node.ports for node in live}
-    spare = [ports for ports in cluster.ports.node_ports if ports not in taken]
-    if len(spare) < count:  # a cluster created before its bounds were given room
-        raise NodeRequestRefused(f"cluster {cluster.name} holds ports for {len(spare)} more node(s), not {count}")
+    spare = [ports for ports in cluster.ports.node_ports if ports not in taken][:count]
+    try:
+        added_ports = tuple(new_ports() for _ in range(count - len(spare)))
+    except PortsExhausted as exc:
+        raise NodeRequestRefused(f"no ports for {count} more node(s) of {cluster.name}: {exc}") from None
+    spare += added_ports
+    held = replace(cluster.ports, node_ports=(*cluster.ports.node_ports, *added_ports))
     first_id = max((node.node_id or 0 for node in cluster.nodes), default=0) + 1
     added = [
         NodePlacement(
@@ -141,7 +154,7 @@ def launched(
         )
         for offset in range(count)
     ]
-    return cluster.with_changes(nodes=(*cluster.nodes, *added)), [node.node_id or 0 for node in added]
+    return cluster.with_changes(nodes=(*cluster.nodes, *added), ports=held), [node.node_id or 0 for node in added]
 
 
 def releasable(cluster: ClusterRecord, node_id: int) -> int:

@@ -336,7 +336,8 @@ def store_with_local_ports(
     scaled = scaled_like(config, draft.service, clusters)
     if scaled is not config:  # recorded as started: its nodes are placed from it
         config, draft = scaled, draft.with_changes(cluster_spec_json=scaled.model_dump_json())
-    cluster = draft.with_changes(ports=allocator(reserved).cluster(worker_nodes=config.max_worker_count()))
+    # The nodes it starts with: Ray's autoscaler's nodes get theirs as they are launched.
+    cluster = draft.with_changes(ports=allocator(reserved).cluster(worker_nodes=config.worker_count()))
     if nodes is not None:
         cluster = cluster.with_changes(nodes=nodes(cluster, config))
     records.put_cluster(cluster)  # intent first: a crash from here on leaves nothing unknown
