@@ -36,9 +36,10 @@ class FakeProvider:
     """The `ClusterProvider` protocol over a dict of pretend processes, as the local provider
     (its ports allocated and its liveness judged by the local provider's own functions).
 
-    Controls: `set_alive()`, `start_head_error`, `start_workers_error`, `move_head_error`, `workers_gate` (a start
-    of workers waits for it), `stop_error`, `leftovers` (pids a stop leaves alive), and
-    `before_start_head` (called with the record the start got, before anything starts)."""
+    Controls: `set_alive()`, `start_head_error`, `start_workers_error`, `move_head_error`,
+    `update_autoscaler_error`, `workers_gate` (a start of workers waits for it), `stop_error`,
+    `leftovers` (pids a stop leaves alive), and `before_start_head` (called with the record the
+    start got, before anything starts)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []  # (method, cluster name)
@@ -49,6 +50,7 @@ class FakeProvider:
         self.workers_gate: asyncio.Event | None = None
         self.stop_error: BaseException | None = None
         self.move_head_error: Exception | None = None
+        self.update_autoscaler_error: Exception | None = None
         self.leftovers: dict[str, list[int]] = {}
         self.before_start_head: Callable[[ClusterRecord], None] | None = None
         self.pruned: list[list[str]] = []  # the keys kept at each prune_environments
@@ -117,6 +119,11 @@ class FakeProvider:
 
     def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str:
         return f"pid {worker_pid or cluster.head_pid} exited with status 1"
+
+    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        self.calls.append(("update_autoscaler", cluster.name))
+        if self.update_autoscaler_error is not None:
+            raise self.update_autoscaler_error
 
     async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
         self.calls.append(("stop_node", f"{cluster.name}/{index}"))

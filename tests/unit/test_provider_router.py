@@ -85,6 +85,9 @@ class RecordingProvider:
         self._called("headers", cluster)
         return {"provider": self.name}
 
+    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        self._called("update_autoscaler", cluster)
+
     async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> list[str]:
         self._called("stop", cluster)
         return [self.name]
@@ -107,7 +110,7 @@ async def _every_call(router: ClusterProvider, cluster: ClusterRecord, config: R
     def record(**changes: Any) -> None:
         pass
 
-    return [
+    answers = [
         router.start_head(cluster, config).name,
         router.needs_nodes(cluster, config),
         await router.start_nodes(cluster, config, record),
@@ -116,8 +119,9 @@ async def _every_call(router: ClusterProvider, cluster: ClusterRecord, config: R
         (await router.liveness(cluster)).reason,
         router.endpoints(cluster, grpc=False),
         router.headers(cluster),
-        await router.stop(cluster, record),
     ]
+    router.update_autoscaler(cluster, config)
+    return [*answers, await router.stop(cluster, record)]
 
 
 METHODS = [
@@ -129,6 +133,7 @@ METHODS = [
     "liveness",
     "endpoints",
     "headers",
+    "update_autoscaler",
     "stop",
 ]
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from servekeeper.controller.bounds import AutoscalerBounds
 from servekeeper.controller.documents import Packages, SubmittedDocuments
 from servekeeper.controller.environments import EnvironmentBuilds
 from servekeeper.controller.head_moves import HeadMoves
@@ -75,6 +76,7 @@ class Executor:
         self.prune_again = False  # a prune asked for while one ran
         self.start_retries = StartRetries(store, clock)
         self.head_moves = HeadMoves(store, provider, clock)
+        self.autoscaler_bounds = AutoscalerBounds(store, provider, clock)
         self.environment_builds = EnvironmentBuilds(
             store, environments_of(state_dir), clock, prune_elsewhere=provider.prune_environments
         )
@@ -107,6 +109,8 @@ class Executor:
                 if document is not None:
                     changes["package_hash"] = package_hash_of(document)  # the code Ray runs now
             self.store.update_cluster(action.cluster, **changes)
+        elif isinstance(action, act.UpdateAutoscaler):
+            self.autoscaler_bounds.update(action, tick)
         elif isinstance(action, act.UpdateClusters):
             with self.store.transaction():
                 for name, changes in action.changes:
@@ -271,17 +275,9 @@ class Executor:
             error = done.exception()
             if error is not None:
                 logger.error("[%s/%s] %s failed: %r", cluster.service, cluster.name, task_name, error)
-                self.store.add_events(
-                    [
-                        Event(
-                            cluster.service,
-                            self.clock(),
-                            "Warning",
-                            "BackgroundTaskFailed",
-                            f"{task_name}: {type(error).__name__}: {error}",
-                        )
-                    ]
-                )
+                message = f"{task_name}: {type(error).__name__}: {error}"
+                event = Event(cluster.service, self.clock(), "Warning", "BackgroundTaskFailed", message)
+                self.store.add_events([event])
             self.wake(cluster.service)
 
         task.add_done_callback(finished)
@@ -378,6 +374,7 @@ class Executor:
         self.store.remove_cluster(cluster.name)
         self.start_retries.forget(cluster.name)
         self.head_moves.forget(cluster.name)
+        self.autoscaler_bounds.failures.pop(cluster.name, None)
         self.probes.forget(cluster.name)
         self.documents.forget(cluster.name)
         self.store.add_events(

@@ -57,6 +57,16 @@ class UpdateCluster:
 
 
 @dataclass(frozen=True)
+class UpdateAutoscaler:
+    """Give Ray's autoscaler on `cluster` new bounds in place (its monitor re-reads its config at
+    each look), then record the cluster as made from `spec_json` (hashed `spec_hash`)."""
+
+    cluster: str
+    spec_json: str
+    spec_hash: str
+
+
+@dataclass(frozen=True)
 class UpdateClusters:
     """Several clusters' records changed in one transaction (roles swapped: never half done)."""
 
@@ -122,6 +132,7 @@ Action = (
     | MoveHead
     | SubmitConfig
     | UpdateCluster
+    | UpdateAutoscaler
     | UpdateClusters
     | SetRoute
     | SetTargetCapacity

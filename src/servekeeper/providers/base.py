@@ -118,6 +118,11 @@ class ClusterProvider(Protocol):
         RetryableProviderError while it may still run (its host did not answer)."""
         ...
 
+    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        """Give Ray's autoscaler of the cluster `config`'s bounds (its monitor re-reads its config
+        at each look); raises PermanentProviderError where there is no such autoscaler."""
+        ...
+
     async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> Sequence[int | str]:
         """Stop every process of the cluster; what is still alive afterwards (empty when all is
         gone). `record` gets each part stopped for sure at once (its room is free again)."""

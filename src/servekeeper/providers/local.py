@@ -37,7 +37,7 @@ from servekeeper.providers.base import (
 )
 from servekeeper.providers.environments import Environment, Environments
 from servekeeper.providers.gcs_storage import node_env
-from servekeeper.providers.local_monitor import NodeApi, monitor_files
+from servekeeper.providers.local_monitor import NodeApi, monitor_files, write_autoscaling_config
 from servekeeper.providers.local_nodes import (
     NODE_TAG_ENV,
     check_gcs_kept,
@@ -272,6 +272,12 @@ class LocalProvider:
                 return last_lines(log.read().decode(errors="replace"), hide=hidden_values(cluster, None))
         except OSError:
             return "no log"
+
+    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        """The monitor's config rewritten: it reads it again at its next look (each second)."""
+        if not config.enableInTreeAutoscaling:
+            raise PermanentProviderError(f"{cluster.name} runs no autoscaler to give bounds to")
+        write_autoscaling_config(cluster, config)
 
     async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
         """Node `index`: SIGTERM to its session while it is ours, a grace to exit, then what is

@@ -21,6 +21,7 @@ PROVIDER_CLASS = f"{MODULE_FILE.stem}.NodeProvider"
 MONITOR_DIR = "autoscaler"  # in the cluster's log dir
 URL_FILE = "node-api-url"
 TOKEN_FILE = "node-token"
+CONFIG_FILE = "autoscaling.json"
 # How often the monitor looks (Ray's default is 5 s): Ray on Spark uses 1 s too.
 UPDATE_INTERVAL_SECONDS = 1
 
@@ -43,19 +44,29 @@ def monitor_files(
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     shutil.copyfile(MODULE_FILE, directory / MODULE_FILE.name)
     point_monitors_at(api, [cluster])
+    config_file = write_autoscaling_config(cluster, config)
+    # ahead of the head's own PYTHONPATH (the spec's, else the daemon's), never instead of it
+    own = config.head.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    search_path = os.pathsep.join(p for p in (str(directory), own) if p)
+    env = {"PYTHONPATH": search_path, "AUTOSCALER_UPDATE_INTERVAL_S": str(UPDATE_INTERVAL_SECONDS)}
+    return [f"--autoscaling-config={config_file}"], env
+
+
+def write_autoscaling_config(cluster: ClusterRecord, config: RayClusterConfigSpec) -> Path:
+    """The monitor's config of `cluster` from `config` (its bounds, its options), replaced whole:
+    written at the head's start and again when only the bounds change, which the monitor, reading
+    it at each look, follows without a restart."""
+    directory = Path(cluster.log_dir) / MONITOR_DIR
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     provider = {
         "module": PROVIDER_CLASS,
         "cluster": cluster.name,
         "url_file": str(directory / URL_FILE),
         "token_file": str(directory / TOKEN_FILE),
     }
-    config_file = directory / "autoscaling.json"
-    config_file.write_text(json.dumps(autoscaling_config(cluster.name, config, provider), indent=2))
-    # ahead of the head's own PYTHONPATH (the spec's, else the daemon's), never instead of it
-    own = config.head.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    search_path = os.pathsep.join(p for p in (str(directory), own) if p)
-    env = {"PYTHONPATH": search_path, "AUTOSCALER_UPDATE_INTERVAL_S": str(UPDATE_INTERVAL_SECONDS)}
-    return [f"--autoscaling-config={config_file}"], env
+    config_file = directory / CONFIG_FILE
+    _write_private(config_file, json.dumps(autoscaling_config(cluster.name, config, provider), indent=2))
+    return config_file
 
 
 def point_monitors_at(api: NodeApi, clusters: Iterable[ClusterRecord]) -> None:

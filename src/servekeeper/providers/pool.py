@@ -2,11 +2,10 @@
 a token of their own (`cluster_token.py`), their nodes started, watched and stopped over SSH
 (`ssh_nodes.py`).
 
-A pool cluster's record (placement and ports) is stored before any node starts, and each node's
-pid once it runs, so a restarted controller finds every node again. A node whose start was cut
-short is found by its tag and stopped before it is started again; a start cancelled by a delete
-still records the node it was launching. A stop records each node it stopped for sure: its room
-is free again while the rest of the cluster may still resist."""
+A pool cluster's record (placement, ports) is stored before any node starts, and each node's pid
+once it runs: a restarted controller finds every node again. A node whose start was cut short is
+found by its tag and stopped before it starts again; a start cancelled by a delete still records
+the node it launched; a stop records each node stopped for sure (its room is free again)."""
 
 from __future__ import annotations
 
@@ -303,11 +302,10 @@ class PoolProvider:
             cluster = await _to_the_end(launch(cluster, index, argv, token_path))
 
     async def liveness(self, cluster: ClusterRecord) -> Liveness:
-        """Whether the head lives, which workers do not (and of those, which exited on a host
-        that answered: they can be started again there), and why, like the local provider's
-        checks; read at most every LIVENESS_CACHE_SECONDS. A host that does not answer counts as
-        a dead node, never as an exited one (its node may still run there): a silent head's
-        host is `head_silent`, unknown rather than dead (`pool_liveness.py`)."""
+        """Whether the head lives, which workers do not (of those, which exited on a host that
+        answered: started again there), and why; read at most every LIVENESS_CACHE_SECONDS. A
+        host that does not answer is a dead node, never an exited one (it may still run there):
+        a silent head's host is `head_silent`, unknown rather than dead (`pool_liveness.py`)."""
         cached = self._liveness.get(cluster.name)
         now = time.monotonic()
         pids = tuple(node.pid for node in cluster.nodes)
@@ -322,6 +320,9 @@ class PoolProvider:
         result, _ = await asyncio.gather(look(ssh, cluster, self.store), stop_left_behind(ssh, self.store, cluster))
         self._liveness[cluster.name] = (pids, now, result)
         return result
+
+    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        raise PermanentProviderError(f"{cluster.name}: Ray's autoscaler does not run on a host pool yet")
 
     async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
         left = await stop_pool_node(self.ssh(cluster.pool or ""), cluster.nodes[index])

@@ -57,6 +57,9 @@ class ProviderRouter:
     async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
         await self._for(cluster).stop_node(cluster, index)
 
+    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        self._for(cluster).update_autoscaler(cluster, config)
+
     async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> Sequence[int | str]:
         return await self._for(cluster).stop(cluster, record)
 

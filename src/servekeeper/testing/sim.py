@@ -269,6 +269,9 @@ class SimWorld:
             behaviour.capacity_at = self.now
         elif isinstance(action, act.UpdateCluster):
             self.clusters[action.cluster] = self.clusters[action.cluster].with_changes(**action.changes)
+        elif isinstance(action, act.UpdateAutoscaler):
+            changes = {"cluster_spec_json": action.spec_json, "cluster_spec_hash": action.spec_hash}
+            self.clusters[action.cluster] = self.clusters[action.cluster].with_changes(**changes)
         elif isinstance(action, act.SetRoute):
             weights = action.weights()
             active = max((weight, name) for name, weight in weights.items())[1]

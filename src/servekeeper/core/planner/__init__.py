@@ -8,13 +8,14 @@ The steps work on one `PlanContext` (context.py), each in a module by concern: `
 (start, readiness gate, switch), `canary` (the canary beside the active cluster), `active`
 (health, replacement, config in place, undo), `traffic` (route, switch, drain, delete),
 `serve` (config and capacity on a cluster), `workers` (restarts), `standby` (a hot standby and
-its failover), `conditions` (status).
+its failover), `bounds` (Ray's autoscaler's bounds in place), `conditions` (status).
 Their order is here.
 """
 
 from __future__ import annotations
 
 from servekeeper.core.planner.active import maintain_active
+from servekeeper.core.planner.bounds import rebound_in_place
 from servekeeper.core.planner.conditions import set_conditions
 from servekeeper.core.planner.context import Plan, PlanContext
 from servekeeper.core.planner.pending import advance_pending
@@ -52,6 +53,7 @@ def run(ctx: PlanContext) -> Plan:
     if ctx.service.deleting:
         delete_service(ctx)
         return ctx.plan
+    rebound_in_place(ctx)  # before any step compares a cluster's spec with the desired one
     restart_interrupted_work(ctx)
     fail_over_to_standby(ctx)  # before a restart in place: the standby already has the traffic
     restart_exited_heads(ctx)

@@ -1,0 +1,144 @@
+"""Ray's autoscaler's bounds changed in place (issue 22): a spec whose only change is its groups'
+minReplicas/maxReplicas/replicas or its autoscalerOptions keeps the cluster and rewrites the
+monitor's config (core/planner/bounds.py, controller/bounds.py, the local provider's writer);
+any other change of the cluster still rolls a new one."""
+
+from __future__ import annotations
+
+import copy
+import json
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servekeeper.controller.bounds import AutoscalerBounds
+from servekeeper.controller.submit import StopTick, TickOutcome
+from servekeeper.core import actions as act
+from servekeeper.core.planner.bounds import kept_starting_counts, only_bounds_differ
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
+from servekeeper.model.enums import ClusterRole
+from servekeeper.providers.base import ProviderError
+from servekeeper.providers.local_monitor import CONFIG_FILE, MONITOR_DIR, write_autoscaling_config
+from servekeeper.store.store import Store
+from servekeeper.testing.sim import SimWorld
+from tests.unit.fakes import FakeClock, FakeProvider
+from tests.unit.test_autoscaling_config import AUTOSCALED, autoscaled_cluster
+from tests.unit.test_planner import kinds, make_spec, rolled_out
+
+
+def autoscaled(**changes: Any) -> dict[str, Any]:
+    """The autoscaled cluster config starting with no worker (the simulated world starts none),
+    its `cpu` group changed by `changes`."""
+    config = copy.deepcopy(AUTOSCALED)
+    config["workerGroups"][0].update({"replicas": 0, **changes})
+    return config
+
+
+def test_a_change_of_bounds_only_keeps_the_cluster_and_gives_its_autoscaler_the_new_ones() -> None:
+    world = rolled_out(SimWorld(make_spec(rayClusterConfig=autoscaled())))
+    [active] = world.with_role(ClusterRole.ACTIVE)
+    options = {"idleTimeoutSeconds": 600, "upscalingMode": "Aggressive"}
+    world.apply(make_spec(rayClusterConfig={**autoscaled(maxReplicas=6), "autoscalerOptions": options}))
+
+    decision = world.tick()
+    assert kinds(decision.actions) == ["UpdateAutoscaler"]
+    [update] = decision.actions
+    assert isinstance(update, act.UpdateAutoscaler) and update.cluster == active.name
+    kept = world.clusters[active.name]
+    assert kept.role == ClusterRole.ACTIVE and kept.cluster_spec_hash == world.spec.cluster_spec_hash()
+    config = RayClusterConfigSpec.model_validate_json(kept.cluster_spec_json)
+    cpu = config.workerGroups[0]
+    assert (cpu.replicas, cpu.minReplicas, cpu.maxReplicas) == (0, 0, 6)
+    assert config.autoscalerOptions is not None and config.autoscalerOptions.idleTimeoutSeconds == 600
+    [event] = [e for e in world.events if e.reason == "AutoscalerBoundsChanged"]
+    assert f"{active.name} kept" in event.message and "cpu 0-6" in event.message
+    world.run_for(5)
+    assert world.with_role(ClusterRole.PENDING) == [] and world.service.observed_generation == 2
+    assert world.condition("Ready") and not world.condition("UpgradeInProgress")
+    assert world.tick().actions == []  # done once
+
+
+def test_the_count_a_cluster_started_with_is_kept_moved_into_the_new_bounds() -> None:
+    # replicas is only the count a new cluster starts with: this one started with 3 (scaled_like)
+    started = RayClusterConfigSpec.model_validate(autoscaled(replicas=3, maxReplicas=3))
+    desired = RayClusterConfigSpec.model_validate(autoscaled(replicas=1, minReplicas=None, maxReplicas=2))
+    cpu = kept_starting_counts(started, desired).workerGroups[0]
+    # the bounds written out: an unset minReplicas follows replicas, which is no longer 1
+    assert (cpu.replicas, cpu.minReplicas, cpu.maxReplicas) == (2, 1, 2)
+    assert only_bounds_differ(started, desired)
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        autoscaled(numCpus=2),  # a node of another size
+        {**autoscaled(), "rayVersion": "2.60.0"},  # an environment of its own: recorded pinned
+        {**autoscaled(maxReplicas=6), "enableInTreeAutoscaling": False, "autoscalerOptions": None},
+    ],
+    ids=["node-size", "own-environment", "autoscaling-off"],
+)
+def test_any_other_change_of_the_cluster_still_rolls_a_new_one(changed: dict[str, Any]) -> None:
+    if changed.get("enableInTreeAutoscaling") is False:  # without autoscaling: a fixed count
+        changed["workerGroups"][0] = {"name": "cpu", "replicas": 0, "numCpus": 1}
+        changed["workerGroups"][1] = {"name": "gpu", "replicas": 0, "numCpus": 4, "numGpus": 1, "memory": 2**30}
+    world = rolled_out(SimWorld(make_spec(rayClusterConfig=autoscaled())))
+    world.apply(make_spec(rayClusterConfig=changed))
+    assert kinds(world.tick().actions) == ["CreateCluster"]
+    assert not [e for e in world.events if e.reason == "AutoscalerBoundsChanged"]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    store = Store(tmp_path / "store.db")
+    yield store
+    store.close()
+
+
+def bounds_action(cluster_spec: RayClusterConfigSpec) -> act.UpdateAutoscaler:
+    return act.UpdateAutoscaler("c", cluster_spec.model_dump_json(), "new-hash")
+
+
+def test_the_autoscaler_is_given_the_bounds_before_the_record_says_so(store: Store) -> None:
+    cluster, config = autoscaled_cluster()
+    store.put_cluster(cluster)
+    provider = FakeProvider()
+    bounds = AutoscalerBounds(store, provider, FakeClock())
+    wider = RayClusterConfigSpec.model_validate(
+        {**config.model_dump(), "workerGroups": [autoscaled(maxReplicas=5)["workerGroups"][0]]}
+    )
+
+    provider.update_autoscaler_error = ProviderError("the monitor folder is not writable")
+    for _ in range(2):
+        tick = TickOutcome()
+        with pytest.raises(StopTick):
+            bounds.update(bounds_action(wider), tick)
+    stored = store.get_cluster("c")
+    assert stored is not None and stored.cluster_spec_hash == cluster.cluster_spec_hash  # as it was
+    assert provider.calls == [("update_autoscaler", "c")] * 2
+    told = TickOutcome()
+    with pytest.raises(StopTick):
+        bounds.update(bounds_action(wider), told)
+    assert told.events == []  # told once per cause, not once per tick
+
+    provider.update_autoscaler_error = None
+    bounds.update(bounds_action(wider), TickOutcome())
+    stored = store.get_cluster("c")
+    assert stored is not None and stored.cluster_spec_hash == "new-hash"
+    assert RayClusterConfigSpec.model_validate_json(stored.cluster_spec_json).workerGroups[0].maxReplicas == 5
+    assert bounds.failures == {}
+
+
+def test_the_monitor_config_is_replaced_whole_and_private(tmp_path: Path) -> None:
+    cluster, config = autoscaled_cluster()
+    cluster = cluster.with_changes(log_dir=str(tmp_path / "c"))
+    path = write_autoscaling_config(cluster, config)
+    assert path == tmp_path / "c" / MONITOR_DIR / CONFIG_FILE
+    wider = config.model_copy(update={"workerGroups": [config.workerGroups[0].model_copy(update={"maxReplicas": 7})]})
+    write_autoscaling_config(cluster, wider)
+    written = json.loads(path.read_text())
+    assert written["available_node_types"]["cpu"]["max_workers"] == 7 and written["max_workers"] == 7
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in path.parent.iterdir()] == [CONFIG_FILE]  # no partial file left behind
