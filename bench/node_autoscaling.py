@@ -38,16 +38,21 @@ DEFAULTS = {
 }
 
 
-def spec(port: int, replicas: int, msg: str = "v1", idle_seconds: float = 10, max_nodes: int = 2) -> dict[str, Any]:
+def spec(
+    port: int, replicas: int, msg: str = "v1", idle_seconds: float = 10, max_nodes: int = 2, min_nodes: int = 0
+) -> dict[str, Any]:
     """A hello service whose replicas need the workers' CPUs (none on the head); a new `msg` is a
     new cluster (it is in the head's env too: a cluster change), a new `replicas` an in-place
-    change of the Serve config."""
+    change of the Serve config, new `min_nodes`/`max_nodes` an in-place change of Ray's
+    autoscaler's bounds."""
     document = hello_spec(NAME, port, msg=msg, head_cpus=0)
     config = document["spec"]["rayClusterConfig"]
     config["head"]["env"] = {"HELLO_RELEASE": msg}
     config["enableInTreeAutoscaling"] = True
     config["autoscalerOptions"] = {"idleTimeoutSeconds": idle_seconds}
-    config["workerGroups"] = [{"name": "cpu", "replicas": 0, "minReplicas": 0, "maxReplicas": max_nodes, "numCpus": 1}]
+    config["workerGroups"] = [
+        {"name": "cpu", "replicas": min_nodes, "minReplicas": min_nodes, "maxReplicas": max_nodes, "numCpus": 1}
+    ]
     app = document["spec"]["serveConfig"]["applications"][0]
     app["deployments"] = [{"name": "Hello", "num_replicas": replicas, "ray_actor_options": {"num_cpus": 1}}]
     return document

@@ -3,7 +3,8 @@ monitor, which asks servekeeper's node API for worker nodes; servekeeper records
 like any node, and stops the ones Ray releases. A cluster that starts with no worker gets ready
 only once Ray asked for the node its replica needs; more replicas get more nodes, up to
 maxReplicas; an upgrade at peak starts the new cluster with the active's node count; fewer
-replicas leave idle nodes that Ray releases after idleTimeoutSeconds; nothing fails."""
+replicas leave idle nodes that Ray releases after idleTimeoutSeconds; a change of minReplicas
+alone keeps the cluster and Ray follows it; nothing fails."""
 
 from __future__ import annotations
 
@@ -76,6 +77,15 @@ def test_ray_asks_for_the_nodes_its_replicas_need_and_releases_idle_ones(sk: Ser
         print(f"scale-down, seconds from the change: {down}")
         assert down["node_released_s"] >= IDLE_SECONDS, "Ray waits idleTimeoutSeconds before a release"
         assert len(running_workers(sk)) == 1
+        # Bounds only: the cluster is kept, and Ray's monitor, re-reading its config, scales to them
+        kept = sk.api_get(NAME)["activeCluster"]["name"]
+        sk.apply(spec(port, 1, "v2", idle_seconds=IDLE_SECONDS, min_nodes=2))
+        wait_until(lambda: len(running_workers(sk)) == 2, 120, "a node Ray asked for to meet minReplicas")
+        assert sk.api_get(NAME)["activeCluster"]["name"] == kept and len(sk.clusters()) == 1
+        assert "AutoscalerBoundsChanged" in sk.events(NAME)
+        sk.apply(spec(port, 1, "v2", idle_seconds=IDLE_SECONDS))  # back to 0: the idle node goes
+        wait_until(lambda: len(running_workers(sk)) == 1, 120, "the node above the old minimum released")
+        assert sk.api_get(NAME)["activeCluster"]["name"] == kept
         time.sleep(2)
         result = load.stop()
     print(f"under load: {result.ok} ok, {dict(result.failures)}")
