@@ -17,8 +17,9 @@ from servekeeper.api.app import build_app
 from servekeeper.api.nodes import node_route_cluster
 from servekeeper.commands.nodes import node_token
 from servekeeper.model.enums import ClusterRole
-from servekeeper.model.records import ClusterRecord
+from servekeeper.model.records import ClusterRecord, NodePorts
 from servekeeper.providers.base import RetryableProviderError
+from servekeeper.providers.ports import PortAllocator, PortsExhausted
 from servekeeper.store.store import Store
 from tests.unit.test_autoscaling_config import autoscaled_cluster
 from tests.unit.test_client import TOKEN, FakeController
@@ -98,8 +99,11 @@ def test_a_launch_is_recorded_unstarted_and_listed_then_a_release_stops_and_reco
     assert tags["ray-launch-config"] == "h"  # Ray's own tags are kept and given back
     assert client.post(f"{URL}/2/tags", json={"tags": {"ray-node-name": "w2"}}, headers=as_node()).status_code == 200
 
-    refused = client.post(URL, json={"type": "cpu", "count": 1}, headers=as_node())
-    assert refused.status_code == 409 and "maxReplicas (3)" in refused.json()["detail"]
+    for _ in range(2):  # Ray asks again after its back-off: told once
+        refused = client.post(URL, json={"type": "cpu", "count": 1}, headers=as_node())
+        assert refused.status_code == 409 and "maxReplicas (3)" in refused.json()["detail"]
+    [told] = [e for e in store.list_events(stored.service) if e.reason == "NodeRequestRefused"]
+    assert told.type == "Warning" and "worker group 'cpu' of c" in told.message and "maxReplicas (3)" in told.message
     assert client.delete(f"{URL}/0", headers=as_node()).status_code == 409  # the head is not released
 
     stored = store.get_cluster("c")
@@ -191,3 +195,22 @@ def test_tags_are_kept_for_recorded_nodes_only(world: Any) -> None:
     store.update_cluster("c", nodes=(stored.nodes[0], replace(stored.nodes[1], stopped=True), *stored.nodes[2:]))
     assert [n["id"] for n in client.get(URL, headers=as_node()).json()["nodes"]] == [0]
     assert client.post(f"{URL}/1/tags", json={"tags": {"a": "b"}}, headers=as_node()).status_code == 404
+
+
+def test_a_node_no_ports_are_left_for_is_reported_as_the_groups_shortfall(world: Any, monkeypatch: Any) -> None:
+    client, store, _ = world
+
+    def exhausted(self: Any) -> NodePorts:
+        raise PortsExhausted("no free block of 90 ports found in 20000-32767")
+
+    monkeypatch.setattr(PortAllocator, "node", exhausted)
+    for _ in range(3):
+        refused = client.post(URL, json={"type": "gpu", "count": 1}, headers=as_node())
+        assert refused.status_code == 409 and "no ports for 1 more node(s) of c" in refused.json()["detail"]
+    [short] = [e for e in store.list_events("c") if e.reason == "InsufficientCapacity"]
+    assert short.type == "Warning" and "worker group 'gpu' of c" in short.message and "20000-32767" in short.message
+    monkeypatch.undo()
+    assert client.post(URL, json={"type": "gpu", "count": 1}, headers=as_node()).status_code == 200
+    monkeypatch.setattr(PortAllocator, "node", exhausted)
+    client.post(URL, json={"type": "gpu", "count": 1}, headers=as_node())  # short again after a success: news
+    assert [e.reason for e in store.list_events("c")].count("InsufficientCapacity") == 2

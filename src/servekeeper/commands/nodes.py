@@ -24,6 +24,7 @@ from servekeeper.model.records import ClusterRecord, Event, NodePorts
 from servekeeper.providers.autoscaling import (
     HEAD_NODE_TYPE,
     NodeRequestRefused,
+    NodeRoomShort,
     launched,
     node_api_token,
     releasable,
@@ -45,6 +46,7 @@ class NodeCommands:
         self.controller = context.controller
         self.tags: dict[tuple[str, int], dict[str, str]] = {}
         self.releasing: set[tuple[str, int]] = set()  # releases under way: not swept meanwhile
+        self.refusals: dict[tuple[str, str], str] = {}  # (cluster, group) -> the refusal last told
 
     def _cluster(self, name: str) -> tuple[ClusterRecord, RayClusterConfigSpec]:
         cluster = self.store.get_cluster(name)
@@ -72,6 +74,7 @@ class NodeCommands:
         self.tags = {
             key: tags for key, tags in self.tags.items() if key[0] in existing and (key[0] != name or key[1] in live)
         }
+        self.refusals = {key: told for key, told in self.refusals.items() if key[0] in existing}
         listed = []
         for node in cluster.nodes:
             if node.stopped or node.node_id is None:
@@ -95,7 +98,9 @@ class NodeCommands:
         try:
             cluster, ids = launched(cluster, config, node_type, count, self._port_source())
         except NodeRequestRefused as exc:
+            self._tell_refusal(cluster, node_type, exc)
             raise Conflict(str(exc)) from None
+        self.refusals.pop((name, node_type), None)
         self.store.update_cluster(name, nodes=cluster.nodes, ports=cluster.ports)  # intent and ports at once
         for node_id in ids:
             self.tags[(name, node_id)] = dict(tags)
@@ -103,6 +108,16 @@ class NodeCommands:
         self.store.add_events([Event(cluster.service, self.controller.clock(), "Normal", "NodeAdded", message)])
         self.controller.wake(cluster.service)
         return {"ids": ids}
+
+    def _tell_refusal(self, cluster: ClusterRecord, node_type: str, refusal: NodeRequestRefused) -> None:
+        """An event naming the group and what is short, once per cause until a launch succeeds:
+        Ray asks again after its own back-off, and each ask is not news."""
+        if self.refusals.get((cluster.name, node_type)) == str(refusal):
+            return
+        self.refusals[(cluster.name, node_type)] = str(refusal)
+        reason = "InsufficientCapacity" if isinstance(refusal, NodeRoomShort) else "NodeRequestRefused"
+        message = f"worker group {node_type!r} of {cluster.name}: Ray's autoscaler's request refused: {refusal}"
+        self.store.add_events([Event(cluster.service, self.controller.clock(), "Warning", reason, message)])
 
     def _port_source(self) -> Callable[[], NodePorts]:
         """Node ports free on this machine that no cluster holds and no ingress declares (as a

@@ -109,6 +109,10 @@ class NodeRequestRefused(ValueError):
     """A node request of Ray's autoscaler that cannot be met as asked (the API answers 409)."""
 
 
+class NodeRoomShort(NodeRequestRefused):
+    """A node request refused for want of room (no free ports here), not for asking wrongly."""
+
+
 def launched(
     cluster: ClusterRecord,
     config: RayClusterConfigSpec,
@@ -138,7 +142,7 @@ def launched(
     try:
         added_ports = tuple(new_ports() for _ in range(count - len(spare)))
     except PortsExhausted as exc:
-        raise NodeRequestRefused(f"no ports for {count} more node(s) of {cluster.name}: {exc}") from None
+        raise NodeRoomShort(f"no ports for {count} more node(s) of {cluster.name}: {exc}") from None
     spare += added_ports
     held = replace(cluster.ports, node_ports=(*cluster.ports.node_ports, *added_ports))
     first_id = max((node.node_id or 0 for node in cluster.nodes), default=0) + 1
