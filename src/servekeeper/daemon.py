@@ -126,7 +126,7 @@ async def run_daemon(
         controller_metrics = ControllerMetrics()
         port = api_port or PortAllocator().one()
         node_api = NodeApi(f"http://{_url_host(api_host)}:{port}", token)
-        point_monitors_at(node_api, store.list_clusters())  # heads that outlived the last daemon
+        point_monitors_at(node_api, store.list_clusters(), configs=True)  # heads that outlived the last daemon
         provider = _providers(store, state_dir, hooks, node_api)
         controller = Controller(
             store, provider, dataplane, session, state_dir, gate=gate, hooks=hooks, metrics=controller_metrics

@@ -21,7 +21,13 @@ from servekeeper.core.planner.bounds import kept_starting_counts, only_bounds_di
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
 from servekeeper.providers.base import ProviderError
-from servekeeper.providers.local_monitor import CONFIG_FILE, MONITOR_DIR, write_autoscaling_config
+from servekeeper.providers.local_monitor import (
+    CONFIG_FILE,
+    MONITOR_DIR,
+    NodeApi,
+    point_monitors_at,
+    write_autoscaling_config,
+)
 from servekeeper.store.store import Store
 from servekeeper.testing.sim import SimWorld
 from tests.unit.fakes import FakeClock, FakeProvider
@@ -61,14 +67,32 @@ def test_a_change_of_bounds_only_keeps_the_cluster_and_gives_its_autoscaler_the_
     assert world.tick().actions == []  # done once
 
 
-def test_the_count_a_cluster_started_with_is_kept_moved_into_the_new_bounds() -> None:
-    # replicas is only the count a new cluster starts with: this one started with 3 (scaled_like)
-    started = RayClusterConfigSpec.model_validate(autoscaled(replicas=3, maxReplicas=3))
-    desired = RayClusterConfigSpec.model_validate(autoscaled(replicas=1, minReplicas=None, maxReplicas=2))
-    cpu = kept_starting_counts(started, desired).workerGroups[0]
-    # the bounds written out: an unset minReplicas follows replicas, which is no longer 1
-    assert (cpu.replicas, cpu.minReplicas, cpu.maxReplicas) == (2, 1, 2)
+def test_the_count_a_cluster_started_with_is_kept_and_one_outside_the_new_bounds_rolls_a_new_cluster() -> None:
+    # replicas is the count a cluster started with (scaled_like: the active's); it places the
+    # nodes (their order, log files, process tags), so it never changes under running nodes
+    started = RayClusterConfigSpec.model_validate(autoscaled(replicas=2, maxReplicas=3))
+    desired = RayClusterConfigSpec.model_validate(autoscaled(replicas=1, minReplicas=None, maxReplicas=4))
     assert only_bounds_differ(started, desired)
+    cpu = kept_starting_counts(started, desired).workerGroups[0]
+    # the bounds written out: an unset minReplicas follows replicas, which is not 1 here
+    assert (cpu.replicas, cpu.minReplicas, cpu.maxReplicas) == (2, 1, 4)
+    narrower = RayClusterConfigSpec.model_validate(autoscaled(replicas=1, minReplicas=0, maxReplicas=1))
+    assert not only_bounds_differ(started, narrower)
+
+
+def test_a_pending_cluster_kept_runs_the_new_generation_and_its_update_comes_last() -> None:
+    world = rolled_out(SimWorld(make_spec(rayClusterConfig=autoscaled())))
+    world.apply(make_spec(cpus=2, rayClusterConfig={**autoscaled(), "head": {"numCpus": 2}}))
+    assert kinds(world.tick().actions) == ["CreateCluster"]
+    [pending] = world.with_role(ClusterRole.PENDING)
+    world.apply(make_spec(rayClusterConfig={**autoscaled(maxReplicas=5), "head": {"numCpus": 2}}))
+    decision = world.tick()
+    assert kinds(decision.actions)[-2:] == ["UpdateAutoscaler", "UpdateCluster"]
+    assert "CreateCluster" not in kinds(decision.actions)
+    kept = world.clusters[pending.name]
+    assert kept.role == ClusterRole.PENDING and kept.generation == world.service.generation == 3
+    world.run_for(15)
+    assert world.with_role(ClusterRole.ACTIVE)[0].name == pending.name and world.condition("Ready")
 
 
 @pytest.mark.parametrize(
@@ -142,3 +166,20 @@ def test_the_monitor_config_is_replaced_whole_and_private(tmp_path: Path) -> Non
     assert written["available_node_types"]["cpu"]["max_workers"] == 7 and written["max_workers"] == 7
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [p.name for p in path.parent.iterdir()] == [CONFIG_FILE]  # no partial file left behind
+
+    # `up` writes it again from the record: a crash between a change's two writes left it ahead
+    path.write_text("{}")
+    point_monitors_at(NodeApi("http://127.0.0.1:1", "secret"), [cluster], configs=True)
+    assert json.loads(path.read_text())["available_node_types"]["cpu"]["max_workers"] == 3
+
+
+def test_bounds_recorded_while_a_start_ran_are_given_again_once_it_ends(store: Store) -> None:
+    cluster, config = autoscaled_cluster()
+    store.put_cluster(cluster)
+    provider = FakeProvider()
+    bounds = AutoscalerBounds(store, provider, FakeClock())
+    bounds.after_start(cluster)
+    assert provider.calls == []  # nothing changed meanwhile
+    store.update_cluster("c", cluster_spec_hash="new-hash")
+    bounds.after_start(cluster)  # the start read the record before the change
+    assert provider.calls == [("update_autoscaler", "c")]

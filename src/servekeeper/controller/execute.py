@@ -226,6 +226,8 @@ class Executor:
             logger.warning("[%s/%s] node start failed: %s", cluster.service, cluster.name, exc)
             with contextlib.suppress(KeyError):  # whatever stops a start fails that cluster's rollout
                 self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
+        finally:
+            self.autoscaler_bounds.after_start(cluster)
 
     def _head_restarted(self, cluster: ClusterRecord) -> None:
         """The head started again in place runs (its pid recorded): its GCS store was found."""

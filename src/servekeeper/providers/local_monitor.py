@@ -69,16 +69,21 @@ def write_autoscaling_config(cluster: ClusterRecord, config: RayClusterConfigSpe
     return config_file
 
 
-def point_monitors_at(api: NodeApi, clusters: Iterable[ClusterRecord]) -> None:
+def point_monitors_at(api: NodeApi, clusters: Iterable[ClusterRecord], configs: bool = False) -> None:
     """Where each autoscaled cluster's monitor finds the node API, and its token: written at a
     head's start and again at every `up` (the API's port may change; heads outlive the daemon),
-    read by the module at each call. Clusters with no monitor folder are left alone."""
+    read by the module at each call. With `configs` (at `up`), each monitor's config too, from
+    the cluster's record: a controller killed between a bounds change's two writes leaves the
+    file ahead of the record. Clusters with no monitor folder are left alone."""
     for cluster in clusters:
         directory = Path(cluster.log_dir) / MONITOR_DIR
         if cluster.pool is not None or not directory.is_dir():
             continue
         _write_private(directory / TOKEN_FILE, node_api_token(api.secret, cluster.name))
         _write_private(directory / URL_FILE, api.url)
+        config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+        if configs and config.enableInTreeAutoscaling:
+            write_autoscaling_config(cluster, config)
 
 
 def _write_private(path: Path, text: str) -> None:

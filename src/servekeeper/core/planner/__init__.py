@@ -53,7 +53,7 @@ def run(ctx: PlanContext) -> Plan:
     if ctx.service.deleting:
         delete_service(ctx)
         return ctx.plan
-    rebound_in_place(ctx)  # before any step compares a cluster's spec with the desired one
+    rebounds = rebound_in_place(ctx)  # before any step compares a cluster's spec with the desired one
     restart_interrupted_work(ctx)
     fail_over_to_standby(ctx)  # before a restart in place: the standby already has the traffic
     restart_exited_heads(ctx)
@@ -69,4 +69,5 @@ def run(ctx: PlanContext) -> Plan:
     maintain_route(ctx)
     drain(ctx)
     set_conditions(ctx)
+    ctx.plan.actions.extend(rebounds)  # last: a write that fails holds back none of the above
     return ctx.plan

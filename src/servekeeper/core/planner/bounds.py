@@ -9,7 +9,7 @@ bounds is a cluster change, as before."""
 
 from __future__ import annotations
 
-from servekeeper.core.actions import UpdateAutoscaler
+from servekeeper.core.actions import Action, UpdateAutoscaler, UpdateCluster
 from servekeeper.core.planner.context import PlanContext
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
@@ -28,36 +28,52 @@ def shape_without_bounds(config: RayClusterConfigSpec) -> dict[str, object]:
 
 
 def only_bounds_differ(stored: RayClusterConfigSpec, desired: RayClusterConfigSpec) -> bool:
-    """Both autoscaled, on no environment of their own, and alike but for their bounds."""
+    """Both autoscaled, on no environment of their own, alike but for their bounds, and each
+    group's starting count within its new bounds: that count places the cluster's nodes (their
+    order, their log files and process tags), so it is never changed under running nodes."""
     autoscaled = stored.enableInTreeAutoscaling and desired.enableInTreeAutoscaling
     own = stored.has_own_environment() or desired.has_own_environment()
-    return autoscaled and not own and shape_without_bounds(stored) == shape_without_bounds(desired)
+    if not autoscaled or own or shape_without_bounds(stored) != shape_without_bounds(desired):
+        return False
+    started = {group.name: group.replicas for group in stored.workerGroups}
+    return all(group.min_nodes() <= started[group.name] <= group.max_nodes() for group in desired.workerGroups)
 
 
 def kept_starting_counts(stored: RayClusterConfigSpec, desired: RayClusterConfigSpec) -> RayClusterConfigSpec:
-    """`desired` with each group's `replicas` the count the cluster started with (its nodes are
-    placed from it when started again in place), moved into the new bounds."""
+    """`desired` with each group's `replicas` the count the cluster started with (within the new
+    bounds: `only_bounds_differ`), its bounds written out (unset ones follow `replicas`)."""
     started = {group.name: group.replicas for group in stored.workerGroups}
-    groups = []
-    for group in desired.workerGroups:
-        low, high = group.min_nodes(), group.max_nodes()  # written out: unset ones follow `replicas`
-        count = min(max(started.get(group.name, group.replicas), low), high)
-        groups.append(group.model_copy(update={"replicas": count, "minReplicas": low, "maxReplicas": high}))
+    groups = [
+        group.model_copy(
+            update={"replicas": started[group.name], "minReplicas": group.min_nodes(), "maxReplicas": group.max_nodes()}
+        )
+        for group in desired.workerGroups
+    ]
     return desired.model_copy(update={"workerGroups": groups})
 
 
-def rebound_in_place(ctx: PlanContext) -> None:
-    """Each kept cluster whose spec differs from the desired one only in its bounds is given the
-    new bounds, and recorded as made from the desired spec: no step after this one sees a change."""
+def rebound_in_place(ctx: PlanContext) -> list[Action]:
+    """Each kept cluster whose spec differs from the desired one only in its bounds is recorded,
+    in this plan, as made from the desired spec: no step after this one sees a change. The
+    actions that make it so are returned for the end of the plan, so that a write that fails
+    (it stops the tick) holds back nothing else, a failover least of all."""
     desired = ctx.spec.spec.rayClusterConfig
+    actions: list[Action] = []
     for cluster in list(ctx.clusters.values()):
         if cluster.role not in KEPT_ROLES or cluster.cluster_spec_hash == ctx.desired_cluster_hash:
+            continue
+        if cluster.failure_reason is not None or cluster.canary is not None:  # replaced, not kept
             continue
         stored = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
         if not only_bounds_differ(stored, desired):
             continue
         spec_json = kept_starting_counts(stored, desired).model_dump_json()
-        ctx.do(UpdateAutoscaler(cluster.name, spec_json, ctx.desired_cluster_hash))
-        ctx.set_planned(cluster.with_changes(cluster_spec_json=spec_json, cluster_spec_hash=ctx.desired_cluster_hash))
+        actions.append(UpdateAutoscaler(cluster.name, spec_json, ctx.desired_cluster_hash))
+        kept = cluster.with_changes(cluster_spec_json=spec_json, cluster_spec_hash=ctx.desired_cluster_hash)
+        if cluster.role == ClusterRole.PENDING:  # it now runs this generation's spec: a failure is this one's
+            kept = kept.with_changes(generation=ctx.service.generation)
+            actions.append(UpdateCluster(cluster.name, {"generation": ctx.service.generation}))
+        ctx.set_planned(kept)
         groups = ", ".join(f"{g.name} {g.min_nodes()}-{g.max_nodes()}" for g in desired.workerGroups)
         ctx.event("AutoscalerBoundsChanged", f"{cluster.name} kept, Ray's autoscaler given new bounds: {groups}")
+    return actions
