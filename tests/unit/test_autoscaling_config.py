@@ -40,6 +40,7 @@ from servekeeper.providers.local_nodes import (
     NODE_TAG_ENV,
     head_command,
     log_name,
+    log_names,
     node_tag,
     placed_nodes,
     worker_command,
@@ -271,14 +272,28 @@ def test_launched_nodes_are_recorded_unstarted_on_new_ports_it_then_holds_with_f
     with pytest.raises(NodeRequestRefused, match="no worker group 'tpu'"):
         launched(cluster, config, "tpu", 1, new_ports)
 
-    # a released node's id is never given again; its ports are, once it is stopped
+    # a released node's id is never given again; its ports are, once it is stopped, and its place
+    # in the record once its process is gone too: the record does not grow with every launch
     index = releasable(cluster, 2)
     nodes = list(cluster.nodes)
-    nodes[index] = replace(nodes[index], stopped=True)
+    released = nodes[index] = replace(nodes[index], stopped=True, session_id=77)  # its stop under way
     cluster = cluster.with_changes(nodes=tuple(nodes))
     held = cluster.ports
     cluster, ids = launched(cluster, config, "cpu", 1, exhausted)  # no new port needed
-    assert ids == [4] and cluster.nodes[-1].ports == cluster.nodes[index].ports and cluster.ports == held
+    assert ids == [4] and cluster.nodes[-1].ports == released.ports and cluster.ports == held
+    assert cluster.nodes[index] == released and len(cluster.nodes) == 5  # its place still taken
+    nodes = list(cluster.nodes)
+    nodes[index] = replace(released, session_id=None)  # stopped for good
+    nodes[-1] = replace(nodes[-1], stopped=True)  # id 4 released before it ever started
+    cluster = cluster.with_changes(nodes=tuple(nodes))
+    cluster, ids = launched(cluster, config, "cpu", 1, exhausted)
+    assert ids == [5] and [n.node_id for n in cluster.nodes] == [0, 1, 5, 3, 4]
+    assert cluster.nodes[2].log == "worker-cpu-id5.log" and cluster.ports == held
+    cluster, ids = launched(cluster, config, "gpu", 1, new_ports)
+    assert ids == [6] and [n.node_id for n in cluster.nodes] == [0, 1, 5, 3, 6], "both places reused"
+    cluster = cluster.with_changes(nodes=(*cluster.nodes[:4], replace(cluster.nodes[4], stopped=True)))
+    cluster, ids = launched(cluster, config, "gpu", 1, new_ports)
+    assert ids == [7] and len(cluster.nodes) == 5, "above every id recorded, even when the highest's place is reused"
 
 
 def test_only_a_running_worker_of_the_cluster_is_released() -> None:
@@ -339,6 +354,15 @@ def test_nodes_asked_for_during_a_start_survive_it_and_count_as_expected() -> No
     relaunched = [*merged.nodes[:2], replace(merged.nodes[2], pid=300, session_id=300)]
     kept = launched_into(released, merged, relaunched).nodes[2]
     assert (kept.stopped, kept.pid, kept.session_id) == (True, None, 300)
+    # released before its process ever ran, its place given to a node Ray asked for since: what
+    # the start spawned for it is recorded again at the end, stopped, holding its session
+    gone = released.with_changes(nodes=(*released.nodes[:2], replace(released.nodes[2], session_id=None)))
+    reused, (new_id,) = launched(gone, config, "cpu", 1, new_ports)
+    after = launched_into(reused, merged, relaunched)
+    assert [(n.node_id, n.pid, n.stopped, n.session_id) for n in after.nodes[2:]] == [
+        (new_id, None, False, None),
+        (merged.nodes[2].node_id, None, True, 300),
+    ]
 
 
 async def test_a_released_local_node_gets_sigterm_and_its_leftovers_go_the_other_nodes_stay(tmp_path: Path) -> None:
@@ -475,3 +499,14 @@ def test_an_unrecorded_ray_start_of_a_node_is_found_by_its_tag_and_nothing_else_
         for process in (left_behind, elsewhere):
             process.kill()
             process.wait()
+
+
+def test_a_node_keeps_the_log_name_it_was_placed_with_whatever_the_spec_says_later() -> None:
+    cluster, config = autoscaled_cluster()
+    assert [n.log for n in cluster.nodes] == ["head.log", "worker-cpu-0.log"]
+    gpu_first = [config.workerGroups[1].model_copy(update={"replicas": 1}), config.workerGroups[0]]
+    more = config.model_copy(update={"workerGroups": gpu_first})
+    assert log_names(more)[1] == "worker-gpu-0.log"  # by place, it would be gpu's now
+    assert log_name(more, cluster.nodes[1], 1) == "worker-cpu-0.log"
+    older = replace(cluster.nodes[1], log=None)  # a row written before names were kept: by place
+    assert log_name(config, older, 1) == "worker-cpu-0.log"

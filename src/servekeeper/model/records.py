@@ -173,6 +173,10 @@ class NodePlacement:
     # and its id for Ray's autoscaler (the NODE_ID_AS_RESOURCE it starts with; the head's is 0).
     group: str | None = None
     node_id: int | None = None
+    # A local node's log file in the cluster's log dir, also its process tag: named once, when it
+    # is placed, so that a node never changes name under its processes (None: a row written
+    # before names were kept, named by its place).
+    log: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "ports": self.ports.__dict__}

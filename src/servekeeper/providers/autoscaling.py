@@ -23,7 +23,7 @@ from servekeeper.model.cluster_spec import AutoscalerOptionsSpec, HeadGroupSpec,
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord, NodePlacement, NodePorts
 from servekeeper.model.start_params import custom_resources
-from servekeeper.providers.local_nodes import LOCAL_HOST
+from servekeeper.providers.local_nodes import LOCAL_HOST, launched_log_name
 from servekeeper.providers.ports import PortsExhausted
 from servekeeper.providers.ray_start import NODE_ID_RESOURCE
 
@@ -145,6 +145,7 @@ def launched(
         raise NodeRoomShort(f"no ports for {count} more node(s) of {cluster.name}: {exc}") from None
     spare += added_ports
     held = replace(cluster.ports, node_ports=(*cluster.ports.node_ports, *added_ports))
+    # Above every id recorded: the highest is only ever replaced by a higher one, so none recurs.
     first_id = max((node.node_id or 0 for node in cluster.nodes), default=0) + 1
     added = [
         NodePlacement(
@@ -155,10 +156,22 @@ def launched(
             temp_dir=cluster.temp_dir,
             group=group_name,
             node_id=first_id + offset,
+            log=launched_log_name(group_name, first_id + offset),
         )
         for offset in range(count)
     ]
-    return cluster.with_changes(nodes=(*cluster.nodes, *added), ports=held), [node.node_id or 0 for node in added]
+    return cluster.with_changes(nodes=in_free_slots(cluster.nodes, added), ports=held), [n.node_id or 0 for n in added]
+
+
+def in_free_slots(nodes: tuple[NodePlacement, ...], added: list[NodePlacement]) -> tuple[NodePlacement, ...]:
+    """`nodes` with `added` in the places of workers released for good (recorded stopped, their
+    process gone), the rest appended: a record as long as the most nodes it held at once, not as
+    every node Ray ever asked for."""
+    slots = [i for i, node in enumerate(nodes) if node.role == "worker" and node.stopped and node.session_id is None]
+    placed = list(nodes)
+    for slot, node in zip(slots, added, strict=False):
+        placed[slot] = node
+    return (*placed, *added[len(slots) :])
 
 
 def releasable(cluster: ClusterRecord, node_id: int) -> int:

@@ -167,11 +167,17 @@ def launched_into(current: ClusterRecord, original: ClusterRecord, nodes: Sequen
         launched = set(range(len(nodes)))
     # A node released meanwhile stays stopped, holding the session the start spawned for it: the
     # node API's next call stops that session (commands/nodes.py), nothing runs on unrecorded.
+    # So does one whose place was given to another node since (released, then the place reused):
+    # recorded again at the end, stopped, with its session.
+    displaced = {i for i in launched if current.nodes[i].node_id != nodes[i].node_id}
     merged = [
-        (replace(node, session_id=nodes[i].session_id) if node.stopped else nodes[i]) if i in launched else node
+        (replace(node, session_id=nodes[i].session_id) if node.stopped else nodes[i])
+        if i in launched - displaced
+        else node
         for i, node in enumerate(current.nodes[: len(nodes)])
     ]
-    return with_nodes(current, (*merged, *current.nodes[len(nodes) :]))
+    left = [replace(nodes[i], stopped=True, pid=None) for i in sorted(displaced) if nodes[i].session_id is not None]
+    return with_nodes(current, (*merged, *current.nodes[len(nodes) :], *left))
 
 
 def nodes_restarting(cluster: ClusterRecord, pids: Sequence[int]) -> ClusterRecord:

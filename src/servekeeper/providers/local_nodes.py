@@ -88,6 +88,7 @@ def worker_command(
 def placed_nodes(cluster: ClusterRecord, config: RayClusterConfigSpec) -> tuple[NodePlacement, ...]:
     """The cluster's nodes, head first, each on its own ports of `cluster.ports`; none started."""
     groups: list[str | None] = [None, *(group.name for group in config.workerGroups for _ in range(group.replicas))]
+    names = log_names(config)
     return tuple(
         NodePlacement(
             host=LOCAL_HOST,
@@ -97,6 +98,7 @@ def placed_nodes(cluster: ClusterRecord, config: RayClusterConfigSpec) -> tuple[
             temp_dir=cluster.temp_dir,
             group=group,
             node_id=index,
+            log=names[index],
         )
         for index, group in enumerate(groups)
     )
@@ -135,10 +137,17 @@ def log_names(config: RayClusterConfigSpec) -> list[str]:
 
 
 def log_name(config: RayClusterConfigSpec, node: NodePlacement, index: int) -> str:
-    """Node `index`'s log file: a node the spec lists by its place, one Ray's autoscaler asked
-    for since (appended after them) by its id."""
+    """Node `index`'s log file: as named when it was placed; in a row written before names were
+    kept, a node the spec lists by its place, one Ray's autoscaler asked for since by its id."""
+    if node.log is not None:
+        return node.log
     names = log_names(config)
-    return names[index] if index < len(names) else f"worker-{node.group}-id{node.node_id}.log"
+    return names[index] if index < len(names) else launched_log_name(node.group, node.node_id)
+
+
+def launched_log_name(group: str | None, node_id: int | None) -> str:
+    """The log file of a node Ray's autoscaler asked for: by its id, never used twice in a cluster."""
+    return f"worker-{group}-id{node_id}.log"
 
 
 def node_tag(cluster: ClusterRecord, index: int) -> str:
