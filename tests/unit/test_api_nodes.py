@@ -214,3 +214,36 @@ def test_a_node_no_ports_are_left_for_is_reported_as_the_groups_shortfall(world:
     monkeypatch.setattr(PortAllocator, "node", exhausted)
     client.post(URL, json={"type": "gpu", "count": 1}, headers=as_node())  # short again after a success: news
     assert [e.reason for e in store.list_events("c")].count("InsufficientCapacity") == 2
+
+
+def test_a_node_spawned_as_it_was_released_keeps_its_session_until_stopped(world: Any) -> None:
+    """A start spawns a node while its release stops it (it had no process yet): the release must
+    not forget the session the start recorded meanwhile, or the node's place and ports would be
+    given away under a running process."""
+    client, store, controller = world
+    assert client.post(URL, json={"type": "cpu", "count": 1}, headers=as_node()).json() == {"ids": [2]}
+
+    spawned = StopRecorder()
+
+    async def start_records_a_session(cluster: ClusterRecord, index: int) -> None:
+        current = store.get_cluster("c")
+        assert current is not None
+        nodes = tuple(replace(n, session_id=555) if n.node_id == 2 else n for n in current.nodes)
+        store.update_cluster("c", nodes=nodes)
+        await spawned.stop_node(cluster, index)
+
+    controller.provider.stop_node = start_records_a_session  # type: ignore[method-assign]
+    assert client.delete(f"{URL}/2", headers=as_node()).status_code == 200
+    stored = store.get_cluster("c")
+    assert stored is not None and (stored.nodes[2].stopped, stored.nodes[2].session_id) == (True, 555)
+
+    controller.provider.stop_node = spawned.stop_node  # type: ignore[method-assign]
+    client.get(URL, headers=as_node())  # the monitor's next call stops it, then forgets it
+    stored = store.get_cluster("c")
+    assert stored is not None and stored.nodes[2].session_id is None and spawned.stopped[-1] == ("c", 2)
+    # its place given to the next node Ray asks for: a release of the old id again is done already
+    assert client.post(URL, json={"type": "cpu", "count": 1}, headers=as_node()).json() == {"ids": [3]}
+    stored = store.get_cluster("c")
+    assert stored is not None and [n.node_id for n in stored.nodes] == [0, 1, 3]
+    assert client.delete(f"{URL}/2", headers=as_node()).status_code == 200
+    assert client.delete(f"{URL}/9", headers=as_node()).status_code == 409  # never given

@@ -272,27 +272,28 @@ def test_launched_nodes_are_recorded_unstarted_on_new_ports_it_then_holds_with_f
     with pytest.raises(NodeRequestRefused, match="no worker group 'tpu'"):
         launched(cluster, config, "tpu", 1, new_ports)
 
-    # a released node's id is never given again; its ports are, once it is stopped, and its place
-    # in the record once its process is gone too: the record does not grow with every launch
+    # a released node's id is never given again; its ports and its place in the record are, once
+    # its process is gone (no session left): the record does not grow with every launch
     index = releasable(cluster, 2)
     nodes = list(cluster.nodes)
     released = nodes[index] = replace(nodes[index], stopped=True, session_id=77)  # its stop under way
     cluster = cluster.with_changes(nodes=tuple(nodes))
-    held = cluster.ports
-    cluster, ids = launched(cluster, config, "cpu", 1, exhausted)  # no new port needed
-    assert ids == [4] and cluster.nodes[-1].ports == released.ports and cluster.ports == held
+    cluster, ids = launched(cluster, config, "cpu", 1, new_ports)  # its ports still held by its process
+    assert ids == [4] and cluster.nodes[-1].ports != released.ports
     assert cluster.nodes[index] == released and len(cluster.nodes) == 5  # its place still taken
     nodes = list(cluster.nodes)
     nodes[index] = replace(released, session_id=None)  # stopped for good
     nodes[-1] = replace(nodes[-1], stopped=True)  # id 4 released before it ever started
     cluster = cluster.with_changes(nodes=tuple(nodes))
-    cluster, ids = launched(cluster, config, "cpu", 1, exhausted)
+    held = cluster.ports
+    cluster, ids = launched(cluster, config, "cpu", 1, exhausted)  # no new port needed
     assert ids == [5] and [n.node_id for n in cluster.nodes] == [0, 1, 5, 3, 4]
-    assert cluster.nodes[2].log == "worker-cpu-id5.log" and cluster.ports == held
-    cluster, ids = launched(cluster, config, "gpu", 1, new_ports)
+    assert cluster.nodes[2].log == "worker-cpu-id5.log" and cluster.nodes[2].ports == released.ports
+    cluster, ids = launched(cluster, config, "gpu", 1, exhausted)  # id 4's ports
     assert ids == [6] and [n.node_id for n in cluster.nodes] == [0, 1, 5, 3, 6], "both places reused"
+    assert cluster.ports == held
     cluster = cluster.with_changes(nodes=(*cluster.nodes[:4], replace(cluster.nodes[4], stopped=True)))
-    cluster, ids = launched(cluster, config, "gpu", 1, new_ports)
+    cluster, ids = launched(cluster, config, "gpu", 1, exhausted)
     assert ids == [7] and len(cluster.nodes) == 5, "above every id recorded, even when the highest's place is reused"
 
 
@@ -363,6 +364,7 @@ def test_nodes_asked_for_during_a_start_survive_it_and_count_as_expected() -> No
         (new_id, None, False, None),
         (merged.nodes[2].node_id, None, True, 300),
     ]
+    assert launched_into(after, merged, relaunched).nodes == after.nodes, "the same start's next record adds none"
 
 
 async def test_a_released_local_node_gets_sigterm_and_its_leftovers_go_the_other_nodes_stay(tmp_path: Path) -> None:
@@ -472,6 +474,10 @@ def test_a_release_between_two_reads_is_told_apart_from_a_worker_death() -> None
     assert not released_between([released, released.with_changes(name="old")], [released])  # a cluster gone
     grown, _ = launched(cluster, config, "cpu", 1, new_ports)
     assert not released_between([cluster], [grown]), "a launch is no release"
+    # released, then its place given to a node Ray asked for since, between the two reads
+    gone = released.with_changes(nodes=(*released.nodes[:2], replace(released.nodes[2], session_id=None)))
+    reused, _ = launched(gone, config, "cpu", 1, new_ports)
+    assert len(reused.nodes) == len(cluster.nodes) and released_between([cluster], [reused])
 
 
 def test_an_unrecorded_ray_start_of_a_node_is_found_by_its_tag_and_nothing_else_is(tmp_path: Path) -> None:

@@ -142,12 +142,22 @@ class NodeCommands:
                 except ProviderError as exc:  # tried again at the next call; the list is still answered
                     logger.warning("[%s] released node %s not stopped yet: %s", cluster.name, node.node_id, exc)
                     continue
-                self._record_node(cluster.name, node.node_id, session_id=None)
+                self._forget_session(cluster.name, node.node_id, node.session_id)
+
+    def _forget_session(self, name: str, node_id: int, stopped: int | None) -> None:
+        """A released node's session forgotten once stopped (its place and ports free from then
+        on): only the session that stop ended, never one a start recorded meanwhile (it spawned
+        the node as it was released: the next call stops that one)."""
+        current = self.store.get_cluster(name)
+        node = next((n for n in current.nodes if n.node_id == node_id), None) if current is not None else None
+        if stopped is not None and node is not None and node.session_id == stopped:
+            self._record_node(name, node_id, session_id=None)
 
     async def release(self, name: str, node_id: int) -> dict[str, Any]:
         cluster, _ = self._cluster(name)
-        if any(node.node_id == node_id and node.stopped for node in cluster.nodes):
-            return {}  # released already (Ray asks again after an error): done, not a conflict
+        recorded = {node.node_id: node for node in cluster.nodes if node.node_id is not None}
+        if node_id in recorded and recorded[node_id].stopped or 0 < node_id < max(recorded) and node_id not in recorded:
+            return {}  # released already, its place maybe reused (Ray asks again after an error): done
         try:
             index = releasable(cluster, node_id)
         except NodeRequestRefused as exc:
@@ -160,7 +170,7 @@ class NodeCommands:
         try:
             self._record_node(name, node_id, stopped=True, pid=None)
             await self.controller.provider.stop_node(cluster, index)
-            self._record_node(name, node_id, session_id=None)
+            self._forget_session(name, node_id, cluster.nodes[index].session_id)
         finally:
             self.releasing.discard((name, node_id))
         self.tags.pop((name, node_id), None)

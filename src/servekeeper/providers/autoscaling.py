@@ -137,7 +137,8 @@ def launched(
             f"worker group {group_name!r} of {cluster.name}: {in_group} node(s) and {count} more "
             f"exceed its maxReplicas ({group.max_nodes()})"
         )
-    taken = {node.ports for node in live}
+    # A released node's ports are free once its process is gone (no session left), not before.
+    taken = {node.ports for node in cluster.nodes if not node.stopped or node.session_id is not None}
     spare = [ports for ports in cluster.ports.node_ports if ports not in taken][:count]
     try:
         added_ports = tuple(new_ports() for _ in range(count - len(spare)))

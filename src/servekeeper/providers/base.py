@@ -176,7 +176,12 @@ def launched_into(current: ClusterRecord, original: ClusterRecord, nodes: Sequen
         else node
         for i, node in enumerate(current.nodes[: len(nodes)])
     ]
-    left = [replace(nodes[i], stopped=True, pid=None) for i in sorted(displaced) if nodes[i].session_id is not None]
+    recorded = {node.node_id for node in current.nodes}  # each later call of the same start gives it again
+    left = [
+        replace(nodes[i], stopped=True, pid=None)
+        for i in sorted(displaced)
+        if nodes[i].session_id is not None and nodes[i].node_id not in recorded
+    ]
     return with_nodes(current, (*merged, *current.nodes[len(nodes) :], *left))
 
 

@@ -187,7 +187,8 @@ class LocalProvider:
             else:
                 await wait_for_earlier_raylets(nodes[:index])
             pid = await self._adopt_or_spawn(cluster, config, index, adopt=index > 0 and not head_started)
-            nodes[index] = replace(node, pid=pid, session_id=pid)
+            # its name stored (a row written before names were: by its place, which may change)
+            nodes[index] = replace(node, pid=pid, session_id=pid, log=log_name(config, node, index))
             cluster = with_nodes(cluster, nodes)
             record(nodes=cluster.nodes)
 

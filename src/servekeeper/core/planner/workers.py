@@ -28,13 +28,22 @@ def expected_workers(cluster: ClusterRecord) -> int:
 
 
 def released_between(before: list[ClusterRecord], after: list[ClusterRecord]) -> bool:
-    """Whether a node was recorded stopped (Ray's autoscaler released it) between two reads of a
-    service's clusters: an observation made from the first would take its exit for a death."""
+    """Whether a node running at the first of two reads of a service's clusters was recorded
+    stopped, or left the record, by the second (Ray's autoscaler released it): an observation
+    made from the first would take its exit for a death."""
 
-    def stopped(clusters: list[ClusterRecord]) -> set[tuple[str, int]]:
-        return {(c.name, i) for c in clusters for i, node in enumerate(c.nodes) if node.stopped}
+    # By node id, not place: a released node's place may hold a node Ray asked for since (nodes
+    # without an id, on pools or in older rows, keep theirs: by place, as negative keys).
+    def running(clusters: list[ClusterRecord]) -> set[tuple[str, int]]:
+        return {
+            (c.name, node.node_id if node.node_id is not None else -1 - i)
+            for c in clusters
+            for i, node in enumerate(c.nodes)
+            if not node.stopped
+        }
 
-    return not stopped(after) <= stopped(before)
+    kept = {c.name for c in after}  # a cluster deleted meanwhile released nothing
+    return not {key for key in running(before) if key[0] in kept} <= running(after)
 
 
 def restartable(cluster: ClusterRecord, exited: tuple[int, ...]) -> list[NodePlacement]:
