@@ -156,8 +156,9 @@ class NodeCommands:
     async def release(self, name: str, node_id: int) -> dict[str, Any]:
         cluster, _ = self._cluster(name)
         recorded = {node.node_id: node for node in cluster.nodes if node.node_id is not None}
-        if node_id in recorded and recorded[node_id].stopped or 0 < node_id < max(recorded) and node_id not in recorded:
-            return {}  # released already, its place maybe reused (Ray asks again after an error): done
+        released = recorded[node_id].stopped if node_id in recorded else 0 < node_id < max(recorded, default=0)
+        if released:  # recorded stopped, or its place given to another since (Ray asks again after an error)
+            return {}
         try:
             index = releasable(cluster, node_id)
         except NodeRequestRefused as exc:
