@@ -6,6 +6,7 @@ short named."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
@@ -90,4 +91,26 @@ async def test_a_node_that_knows_its_group_takes_that_groups_room(tmp_path: Path
     assert len(nodes_taking_room(released)) == 2
     older = grown.with_changes(nodes=(grown.nodes[0], replace(grown.nodes[1], group=None)))
     assert [need.path for _, need in nodes_taking_room(older)][1] == "spec.rayClusterConfig.workerGroups.0"
+    await pools.close()
+
+
+async def test_the_pool_provider_places_and_records_a_launch_in_one_write(tmp_path: Path, store: Store) -> None:
+    fleet = FakeFleet()
+    pools, mine = await two_clusters(tmp_path, store, fleet)
+    fixed = pool_spec(workers=1, cpus=1).spec.rayClusterConfig
+    # bounds a pool spec cannot declare yet (autoscaling is refused there by field)
+    config = fixed.model_copy(update={"workerGroups": [fixed.workerGroups[0].model_copy(update={"maxReplicas": 8})]})
+    # two launches at once: one placement at a time (the pool's lock), so neither takes the
+    # other's room or ids
+    (first, first_ids), (second, second_ids) = await asyncio.gather(
+        pools.launch_nodes(mine, config, "w", 2, store), pools.launch_nodes(mine, config, "w", 2, store)
+    )
+    stored = store.get_cluster("mine")
+    assert stored is not None and stored == second
+    assert sorted(first_ids + second_ids) == [1, 2, 3, 4]
+    added = [n for n in stored.nodes if n.node_id in first_ids + second_ids]
+    assert sorted(n.host for n in added) == ["a", "a", "b", "b"] and all(n.pid is None for n in added)
+    assert stored.ports.node_ports[2:] == tuple(n.ports for n in stored.nodes[2:])  # held with them
+    with pytest.raises(NodeRoomShort):
+        await pools.launch_nodes(stored, config, "w", 3, store)  # a CPU left on a and on b
     await pools.close()

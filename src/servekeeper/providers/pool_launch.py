@@ -4,19 +4,26 @@ the hosts this cluster already runs on while others have room (spread), on hosts
 with ports free there and held by no cluster, and the cluster's Serve proxy ports free there (a
 proxy runs on every node, on the same ports).
 
-Not wired yet: the node API refuses pool clusters until their heads run Ray's monitor (the
-module and its config over SFTP, the node API reached through a remote port forward)."""
+Not reached yet: a spec refuses autoscaling on a pool until pool heads run Ray's monitor (the
+module and its config over SFTP, the node API reached from the head)."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from servekeeper.core.placement import NodeNeed, free_room, group_need, nodes_taking_room, place
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import HostPoolSpec
 from servekeeper.model.records import ClusterRecord, NodePlacement, NodePorts
-from servekeeper.providers.autoscaling import NodeRoomShort
-from servekeeper.providers.base import RetryableProviderError
+from servekeeper.providers.autoscaling import (
+    NodeRequestRefused,
+    NodeRoomShort,
+    check_launch,
+    in_free_slots,
+    next_node_id,
+)
+from servekeeper.providers.base import ClusterRecords, RetryableProviderError
 from servekeeper.providers.node_argv import cluster_dir
 from servekeeper.providers.pool_placement import (
     ALLOCATE_TIMEOUT_SECONDS,
@@ -26,6 +33,35 @@ from servekeeper.providers.pool_placement import (
 )
 from servekeeper.providers.ssh import SshError
 from servekeeper.providers.ssh_nodes import SshNodes
+
+
+async def launch_on_pool(
+    pool: HostPoolSpec,
+    ssh: SshNodes,
+    name: str,
+    config: RayClusterConfigSpec,
+    group: str,
+    count: int,
+    records: ClusterRecords,
+) -> tuple[ClusterRecord, list[int]]:
+    """`count` nodes of `group` for cluster `name`, placed and stored in one write. The caller
+    holds the pool's placement lock (no other launch or creation takes the room meanwhile); the
+    record is read again after the placement's SSH calls (a release may have come meanwhile)."""
+    cluster = _stored(records, name)
+    check_launch(cluster, config, group, count)
+    first = next_node_id(cluster)
+    ids = list(range(first, first + count))
+    added = await place_launched(pool, ssh, records.list_clusters(), cluster, config, group, ids)
+    latest = _stored(records, name)
+    held = replace(latest.ports, node_ports=(*latest.ports.node_ports, *(node.ports for node in added)))
+    return records.update_cluster(name, nodes=in_free_slots(latest.nodes, added), ports=held), ids
+
+
+def _stored(records: ClusterRecords, name: str) -> ClusterRecord:
+    found = next((c for c in records.list_clusters() if c.name == name), None)
+    if found is None:
+        raise NodeRequestRefused(f"cluster {name!r} is gone: no node is started for it")
+    return found
 
 
 async def place_launched(

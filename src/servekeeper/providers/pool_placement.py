@@ -18,6 +18,7 @@ from servekeeper.providers.environments import EnvironmentRequest
 from servekeeper.providers.node_argv import cluster_dir
 from servekeeper.providers.ssh import CommandTimeout, SshError
 from servekeeper.providers.ssh_nodes import SshNodes
+from servekeeper.store.store import Store
 
 REACH_TIMEOUT_SECONDS = 5.0
 ALLOCATE_TIMEOUT_SECONDS = 20.0  # ports probed on each host: a host falling silent must not hold the tick
@@ -174,3 +175,25 @@ async def unreachable_hosts(ssh: SshNodes, hosts: list[str]) -> set[str]:
     if refused:
         raise HostRefused(str(refused[0])) from refused[0]
     return {name for name, exc in zip(hosts, failures, strict=True) if exc is not None}
+
+
+def pool_problems(store: Store, config: RayClusterConfigSpec) -> list[str]:
+    """What makes a spec on a host pool impossible (not merely waiting for room), by field."""
+    assert config.hostPool is not None
+    record = store.get_host_pool(config.hostPool)
+    if record is None:
+        return [f"spec.rayClusterConfig.hostPool: host pool {config.hostPool!r} does not exist; apply it first"]
+    hosts = record.spec().spec.hosts
+    names = {host.name for host in hosts}
+    problems = []
+    groups = [("spec.rayClusterConfig.head", config.head)]
+    groups += [(f"spec.rayClusterConfig.workerGroups.{i}", g) for i, g in enumerate(config.workerGroups)]
+    for path, group in groups:
+        if group.host is not None and group.host not in names:
+            problems.append(f"{path}.host: {group.host!r} is not a host of pool {config.hostPool!r} ({sorted(names)})")
+    if problems:
+        return problems
+    chosen = place(node_needs(config), free_room(host_rooms(record.spec()), []))
+    if isinstance(chosen, str):
+        return [f"spec.rayClusterConfig: InsufficientCapacity: even the empty pool cannot hold it: {chosen}"]
+    return []
