@@ -107,10 +107,41 @@ async def test_the_pool_provider_places_and_records_a_launch_in_one_write(tmp_pa
     )
     stored = store.get_cluster("mine")
     assert stored is not None and stored == second
-    assert sorted(first_ids + second_ids) == [1, 2, 3, 4]
+    assert sorted(first_ids + second_ids) == [2, 3, 4, 5]  # above the placed nodes: head 0, worker 1
     added = [n for n in stored.nodes if n.node_id in first_ids + second_ids]
     assert sorted(n.host for n in added) == ["a", "a", "b", "b"] and all(n.pid is None for n in added)
     assert stored.ports.node_ports[2:] == tuple(n.ports for n in stored.nodes[2:])  # held with them
     with pytest.raises(NodeRoomShort):
         await pools.launch_nodes(stored, config, "w", 3, store)  # a CPU left on a and on b
+    await pools.close()
+
+
+async def test_a_pool_start_starts_launched_nodes_with_their_groups_and_skips_released_ones(
+    tmp_path: Path, store: Store
+) -> None:
+    fleet = FakeFleet()
+    store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 8), ("b", 8))).to_json(), 1.0)
+    pools = PoolProvider(store, tmp_path, ssh_nodes=fleet)
+    small = {"name": "w", "replicas": 1, "numCpus": 1}
+    stored_spec = pool_spec(workers=0, cpus=1, workerGroups=[small, {"name": "big", "replicas": 1, "numCpus": 2}])
+    config = stored_spec.spec.rayClusterConfig
+    mine = await started(pools, store, "mine", config)
+    assert [(n.group, n.node_id) for n in mine.nodes] == [(None, 0), ("w", 1), ("big", 2)]
+    # bounds a pool spec cannot declare yet (autoscaling is refused there by field)
+    bounded = config.model_copy(update={"workerGroups": [config.workerGroups[0].model_copy(update={"maxReplicas": 4})]})
+    mine, [launched_id] = await pools.launch_nodes(mine, bounded, "w", 1, store)
+    mine, [released_id] = await pools.launch_nodes(mine, bounded, "w", 1, store)
+    nodes = tuple(replace(n, stopped=True) if n.node_id == released_id else n for n in mine.nodes)
+    mine = store.update_cluster("mine", nodes=nodes)
+
+    def record(**changes: object) -> None:
+        store.update_cluster("mine", nodes=changes["nodes"])
+
+    await pools.start_nodes(mine, config, record)
+    stored = store.get_cluster("mine")
+    assert stored is not None
+    by_id = {n.node_id: n for n in stored.nodes}
+    assert by_id[launched_id].pid is not None and by_id[released_id].pid is None  # a released node is not started
+    argv = fleet.argvs[by_id[launched_id].temp_dir]
+    assert "--num-cpus=1" in argv, argv  # its own group's, not the last place's (big: 2)
     await pools.close()

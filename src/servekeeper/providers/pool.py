@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar
 from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec
 from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.hostpool import HostPoolSpec, HostSpec
-from servekeeper.model.records import ClusterRecord
+from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.base import (
     ClusterRecords,
     Liveness,
@@ -236,8 +236,8 @@ class PoolProvider:
         assert cluster.pool is not None
         ssh = self.ssh(cluster.pool)
         token = read_cluster_token(self.token_dir, cluster.name)
-        groups = _groups_per_node(config)
         nodes = list(cluster.nodes)
+        groups = _groups_per_node(config, nodes)
         head_starts = nodes[0].pid is None
         storage = await self.gcs_storage.target(config, nodes[0].address, cluster.name) if head_starts else None
         own_pythons = await self.host_environments.pythons_on(ssh, [n.host for n in nodes if n.pid is None], config)
@@ -253,7 +253,7 @@ class PoolProvider:
             return updated
 
         for index, node in enumerate(nodes):
-            if node.pid is not None:
+            if node.pid is not None or node.stopped:  # running, or released by Ray's autoscaler
                 continue
             if index > 0:
                 await _head_gcs_answers(ssh, cluster)
@@ -378,8 +378,14 @@ async def _to_the_end(work: Coroutine[Any, Any, T]) -> T:
     return task.result()
 
 
-def _groups_per_node(config: RayClusterConfigSpec) -> list[HeadGroupSpec]:
-    groups: list[HeadGroupSpec] = [config.head]
+def _groups_per_node(config: RayClusterConfigSpec, nodes: Sequence[NodePlacement]) -> list[HeadGroupSpec]:
+    """Each node's group: as recorded (a node Ray's autoscaler asked for, appended or in a
+    released node's place), else by its place in the spec (older rows)."""
+    by_place: list[HeadGroupSpec] = [config.head]
     for group in config.workerGroups:
-        groups += [group] * group.replicas
-    return groups
+        by_place += [group] * group.replicas
+    named = {group.name: group for group in config.workerGroups}
+    return [
+        named[node.group] if node.role == "worker" and node.group in named else by_place[min(i, len(by_place) - 1)]
+        for i, node in enumerate(nodes)
+    ]

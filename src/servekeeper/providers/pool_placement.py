@@ -94,14 +94,14 @@ async def place_cluster(
         lost = f" (unreachable: {sorted(unreachable)})" if unreachable else ""
         raise Shortfall(f"host pool {config.hostPool!r}: {chosen}{lost}")
     try:
-        allocating = _allocate(ssh, draft, config.hostPool, chosen, reserved)
+        allocating = _allocate(ssh, draft, config, chosen, reserved)
         return await asyncio.wait_for(allocating, ALLOCATE_TIMEOUT_SECONDS)
     except asyncio.TimeoutError as exc:
         raise RetryableProviderError(f"allocating ports took more than {ALLOCATE_TIMEOUT_SECONDS:g}s") from exc
 
 
 async def _allocate(
-    ssh: SshNodes, draft: ClusterRecord, pool_name: str, chosen: list[str], reserved: set[int]
+    ssh: SshNodes, draft: ClusterRecord, config: RayClusterConfigSpec, chosen: list[str], reserved: set[int]
 ) -> ClusterRecord:
     try:
         # Serve's proxies listen on one port on every node: free on all of the cluster's hosts.
@@ -126,11 +126,18 @@ async def _allocate(
             role="head" if index == 0 else "worker",
             ports=ports,
             temp_dir=f"{cluster_dir(ssh.host(host), draft.name)}/n{index}",
+            group=group,
+            node_id=index,  # Ray's autoscaler's id for it (the head's is 0), as on one machine
         )
-        for index, (host, ports) in enumerate(zip(chosen, node_ports, strict=True))
+        for index, (host, ports, group) in enumerate(zip(chosen, node_ports, _group_names(config), strict=True))
     )
     cluster_ports = ClusterPorts(gcs, dashboard, client_server, serve_http, serve_grpc, tuple(node_ports))
-    return draft.with_changes(pool=pool_name, nodes=nodes, ports=cluster_ports)
+    return draft.with_changes(pool=config.hostPool, nodes=nodes, ports=cluster_ports)
+
+
+def _group_names(config: RayClusterConfigSpec) -> list[str | None]:
+    """Each node's group in placement order (None: the head)."""
+    return [None, *(group.name for group in config.workerGroups for _ in range(group.replicas))]
 
 
 def own_python_of(config: RayClusterConfigSpec) -> str | None:
