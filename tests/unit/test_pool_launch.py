@@ -18,6 +18,7 @@ from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.autoscaling import NodeRoomShort
 from servekeeper.providers.pool import PoolProvider
 from servekeeper.providers.pool_launch import place_launched
+from servekeeper.providers.ray_start import group_args
 from servekeeper.store.store import Store
 from tests.unit.ssh_fakes import FakeFleet, pool_document
 from tests.unit.test_pool_clusters import pool_spec, started
@@ -145,3 +146,10 @@ async def test_a_pool_start_starts_launched_nodes_with_their_groups_and_skips_re
     argv = fleet.argvs[by_id[launched_id].temp_dir]
     assert "--num-cpus=1" in argv, argv  # its own group's, not the last place's (big: 2)
     await pools.close()
+
+
+def test_an_autoscaled_pool_nodes_start_carries_its_id_for_rays_autoscaler() -> None:
+    config = pool_spec(workers=1, cpus=1).spec.rayClusterConfig
+    assert group_args(config.workerGroups[0]) == ["--num-cpus=1"]
+    with_id = group_args(config.workerGroups[0], 3)
+    assert with_id[0] == "--num-cpus=1" and '--resources={"NODE_ID_AS_RESOURCE":3}' in with_id

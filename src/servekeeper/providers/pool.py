@@ -267,7 +267,7 @@ class PoolProvider:
             token_path = await ssh.install_token(node.host, cluster.name, token)
             host = ssh.host(node.host)
             host = host.model_copy(update={"python": own_pythons.get(node.host, host.python)})  # its `ray start`'s
-            resources = group_args(groups[index])
+            resources = group_args(groups[index], node.node_id if config.enableInTreeAutoscaling else None)
             if index == 0:
                 await self.gcs_storage.before_restart(ssh, node, config, storage, cluster.name)
                 ports = cluster.ports
