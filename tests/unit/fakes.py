@@ -15,6 +15,7 @@ from servekeeper.dataplane import DataPlaneError, Endpoint, RouteObservation, Se
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.observation import AppState
 from servekeeper.model.records import ClusterRecord
+from servekeeper.providers.autoscaling import launch_here
 from servekeeper.providers.base import ClusterRecords, Liveness, RecordChanges
 from servekeeper.providers.local import process_liveness, store_with_local_ports
 from servekeeper.rayapi.package import Package
@@ -119,6 +120,12 @@ class FakeProvider:
 
     def exit_reason(self, cluster: ClusterRecord, worker_pid: int | None = None) -> str:
         return f"pid {worker_pid or cluster.head_pid} exited with status 1"
+
+    async def launch_nodes(
+        self, cluster: ClusterRecord, config: RayClusterConfigSpec, group: str, count: int, records: ClusterRecords
+    ) -> tuple[ClusterRecord, list[int]]:
+        self.calls.append(("launch_nodes", cluster.name))
+        return launch_here(cluster, config, group, count, records)
 
     def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         self.calls.append(("update_autoscaler", cluster.name))

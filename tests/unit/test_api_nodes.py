@@ -16,9 +16,11 @@ from fastapi.testclient import TestClient
 from servekeeper.api.app import build_app
 from servekeeper.api.nodes import node_route_cluster
 from servekeeper.commands.nodes import node_token
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord, NodePorts
-from servekeeper.providers.base import RetryableProviderError
+from servekeeper.providers.autoscaling import launch_here
+from servekeeper.providers.base import ClusterRecords, RetryableProviderError
 from servekeeper.providers.ports import PortAllocator, PortsExhausted
 from servekeeper.store.store import Store
 from tests.unit.test_autoscaling_config import autoscaled_cluster
@@ -33,6 +35,11 @@ class StopRecorder:
         self.store: Store | None = None
         self.stored_while_stopping: list[Any] = []
         self.refuse = 0  # the next N stops fail as a node that resists its SIGKILL does
+
+    async def launch_nodes(
+        self, cluster: ClusterRecord, config: RayClusterConfigSpec, group: str, count: int, records: ClusterRecords
+    ) -> tuple[ClusterRecord, list[int]]:
+        return launch_here(cluster, config, group, count, records)  # the local provider's own
 
     async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
         if self.refuse:

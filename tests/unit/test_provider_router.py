@@ -35,6 +35,22 @@ from tests.unit.ssh_fakes import FakeFleet, pool_document
 from tests.unit.test_pool_clusters import draft, pool_spec
 
 
+class NoRecords:
+    """The store part a provider is handed, holding nothing (the recording providers read none)."""
+
+    def list_clusters(self) -> list[ClusterRecord]:
+        return []
+
+    def put_cluster(self, cluster: ClusterRecord) -> None:
+        raise AssertionError("nothing is stored")
+
+    def update_cluster(self, name: str, **changes: Any) -> ClusterRecord:
+        raise AssertionError("nothing is stored")
+
+    def declared_ports(self) -> set[int]:
+        return set()
+
+
 class RecordingProvider:
     """Answers every call with its own name; `error` is raised by every call instead."""
 
@@ -85,6 +101,12 @@ class RecordingProvider:
         self._called("headers", cluster)
         return {"provider": self.name}
 
+    async def launch_nodes(
+        self, cluster: ClusterRecord, config: RayClusterConfigSpec, group: str, count: int, records: ClusterRecords
+    ) -> tuple[ClusterRecord, list[int]]:
+        self._called("launch_nodes", cluster)
+        return cluster, [count]
+
     def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         self._called("update_autoscaler", cluster)
 
@@ -121,7 +143,8 @@ async def _every_call(router: ClusterProvider, cluster: ClusterRecord, config: R
         router.headers(cluster),
     ]
     router.update_autoscaler(cluster, config)
-    return [*answers, await router.stop(cluster, record)]
+    launched = await router.launch_nodes(cluster, config, "w", 2, NoRecords())
+    return [*answers, launched[1], await router.stop(cluster, record)]
 
 
 METHODS = [
@@ -134,6 +157,7 @@ METHODS = [
     "endpoints",
     "headers",
     "update_autoscaler",
+    "launch_nodes",
     "stop",
 ]
 
@@ -144,7 +168,7 @@ async def test_a_local_record_goes_to_the_local_provider(
     local, pool, router = providers
     cluster = draft("here", LOCAL_CONFIG)
     answers = await _every_call(router, cluster, LOCAL_CONFIG)
-    assert answers[5:] == ["local", (Endpoint("local", 1),), {"provider": "local"}, ["local"]]
+    assert answers[5:] == ["local", (Endpoint("local", 1),), {"provider": "local"}, [2], ["local"]]
     assert local.calls == [(method, "here") for method in METHODS]
     assert pool.calls == []
 
@@ -155,7 +179,7 @@ async def test_a_pool_record_goes_to_the_pool_provider(
     local, pool, router = providers
     cluster = draft("there", POOL_CONFIG).with_changes(pool="fleet")
     answers = await _every_call(router, cluster, POOL_CONFIG)
-    assert answers[5:] == ["pool", (Endpoint("pool", 1),), {"provider": "pool"}, ["pool"]]
+    assert answers[5:] == ["pool", (Endpoint("pool", 1),), {"provider": "pool"}, [2], ["pool"]]
     assert pool.calls == [(method, "there") for method in METHODS]
     assert local.calls == []
 

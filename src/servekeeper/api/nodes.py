@@ -46,7 +46,7 @@ def node_routes(nodes: NodeCommands) -> APIRouter:
 
     @router.post("/api/v1/clusters/{cluster}/nodes")
     async def launch_nodes(cluster: str, body: LaunchRequest) -> dict[str, Any]:
-        return nodes.launch(cluster, body.type, body.count, body.tags)
+        return await nodes.launch(cluster, body.type, body.count, body.tags)
 
     @router.post("/api/v1/clusters/{cluster}/nodes/{node_id}/tags")
     async def set_node_tags(cluster: str, node_id: int, body: TagsRequest) -> dict[str, Any]:

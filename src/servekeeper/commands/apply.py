@@ -23,7 +23,7 @@ from servekeeper.model.spec import ServiceSpec, SpecError, parse_spec
 from servekeeper.providers.environments import own_python
 from servekeeper.providers.gcs_storage import storage_problems
 from servekeeper.providers.machine import machine_capacity
-from servekeeper.providers.pool import pool_problems
+from servekeeper.providers.pool_placement import pool_problems
 from servekeeper.rayapi.package import PackageError, package_for_spec, prune_packages
 from servekeeper.store.facts import import_fact_key
 from servekeeper.store.secrets import read_secrets

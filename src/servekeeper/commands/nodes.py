@@ -12,7 +12,6 @@ nodes only: with `disable_launch_config_check` the monitor reads none of them ba
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -20,17 +19,15 @@ from servekeeper.commands.context import CommandContext
 from servekeeper.commands.errors import Conflict, NotFound
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
-from servekeeper.model.records import ClusterRecord, Event, NodePorts
+from servekeeper.model.records import ClusterRecord, Event
 from servekeeper.providers.autoscaling import (
     HEAD_NODE_TYPE,
     NodeRequestRefused,
     NodeRoomShort,
-    launched,
     node_api_token,
     releasable,
 )
 from servekeeper.providers.base import ProviderError, with_nodes
-from servekeeper.providers.ports import PortAllocator
 
 logger = logging.getLogger(__name__)
 
@@ -91,17 +88,16 @@ class NodeCommands:
             )
         return {"nodes": listed}
 
-    def launch(self, name: str, node_type: str, count: int, tags: dict[str, str]) -> dict[str, Any]:
+    async def launch(self, name: str, node_type: str, count: int, tags: dict[str, str]) -> dict[str, Any]:
         cluster, config = self._cluster(name)
         if cluster.role == ClusterRole.DELETING:
             raise Conflict(f"cluster {name!r} is being deleted: no node is started for it")
-        try:
-            cluster, ids = launched(cluster, config, node_type, count, self._port_source())
-        except NodeRequestRefused as exc:
+        try:  # placed, with their ports, and recorded unstarted in one write (intent)
+            cluster, ids = await self.controller.provider.launch_nodes(cluster, config, node_type, count, self.store)
+        except (NodeRequestRefused, ProviderError) as exc:
             self._tell_refusal(cluster, node_type, exc)
             raise Conflict(str(exc)) from None
         self.refusals.pop((name, node_type), None)
-        self.store.update_cluster(name, nodes=cluster.nodes, ports=cluster.ports)  # intent and ports at once
         for node_id in ids:
             self.tags[(name, node_id)] = dict(tags)
         message = f"Ray's autoscaler asked for {count} {node_type} node(s) on {name}: ids {ids}"
@@ -109,7 +105,7 @@ class NodeCommands:
         self.controller.wake(cluster.service)
         return {"ids": ids}
 
-    def _tell_refusal(self, cluster: ClusterRecord, node_type: str, refusal: NodeRequestRefused) -> None:
+    def _tell_refusal(self, cluster: ClusterRecord, node_type: str, refusal: Exception) -> None:
         """An event naming the group and what is short, once per cause until a launch succeeds:
         Ray asks again after its own back-off, and each ask is not news."""
         if self.refusals.get((cluster.name, node_type)) == str(refusal):
@@ -118,12 +114,6 @@ class NodeCommands:
         reason = "InsufficientCapacity" if isinstance(refusal, NodeRoomShort) else "NodeRequestRefused"
         message = f"worker group {node_type!r} of {cluster.name}: Ray's autoscaler's request refused: {refusal}"
         self.store.add_events([Event(cluster.service, self.controller.clock(), "Warning", reason, message)])
-
-    def _port_source(self) -> Callable[[], NodePorts]:
-        """Node ports free on this machine that no cluster holds and no ingress declares (as a
-        cluster's own are chosen when it is created)."""
-        held = [port for cluster in self.store.list_clusters() for port in cluster.ports.all_ports()]
-        return PortAllocator([*held, *self.store.declared_ports()]).node
 
     def set_tags(self, name: str, node_id: int, tags: dict[str, str]) -> dict[str, Any]:
         cluster, _ = self._cluster(name)

@@ -92,20 +92,38 @@ def node_needs(config: RayClusterConfigSpec) -> list[NodeNeed]:
     needs = [
         NodeNeed("spec.rayClusterConfig.head", "head", head.numCpus, head.numGpus or 0, head.memory or 0, head.host)
     ]
-    for index, group in enumerate(config.workerGroups):
-        path = f"spec.rayClusterConfig.workerGroups.{index}"
-        need = NodeNeed(path, "worker", group.numCpus, group.numGpus or 0, group.memory or 0, group.host)
-        needs += [need] * group.replicas
+    for group in config.workerGroups:
+        needs += [group_need(config, group.name)] * group.replicas
     return needs
+
+
+def group_need(config: RayClusterConfigSpec, group_name: str) -> NodeNeed:
+    """What one node of worker group `group_name` asks of its host (KeyError: no such group)."""
+    for index, group in enumerate(config.workerGroups):
+        if group.name == group_name:
+            path = f"spec.rayClusterConfig.workerGroups.{index}"
+            return NodeNeed(path, "worker", group.numCpus, group.numGpus or 0, group.memory or 0, group.host)
+    raise KeyError(group_name)
 
 
 def nodes_taking_room(cluster: ClusterRecord) -> list[tuple[NodePlacement, NodeNeed]]:
     """A pool cluster's nodes that take room on their hosts, each with what it needs: every node
-    placed (pending, running, draining, being deleted) until it is stopped for sure."""
+    placed (pending, running, draining, being deleted) until it is stopped for sure. A worker
+    that knows its group needs what that group asks (Ray's autoscaler's nodes are appended, or
+    put in a released node's place); one that does not (older rows), what its place asks."""
     if not cluster.nodes:
         return []
-    needs = node_needs(RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json))
-    return [(node, need) for node, need in zip(cluster.nodes, needs, strict=False) if not node.stopped]
+    config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+    needs = node_needs(config)
+    taking = []
+    for index, node in enumerate(cluster.nodes):
+        if node.stopped:
+            continue
+        if node.role == "worker" and node.group is not None:
+            taking.append((node, group_need(config, node.group)))
+        elif index < len(needs):
+            taking.append((node, needs[index]))
+    return taking
 
 
 def free_room(hosts: list[HostRoom], placed: list[tuple[str, NodeNeed]]) -> dict[str, HostRoom]:

@@ -23,8 +23,9 @@ from servekeeper.model.cluster_spec import AutoscalerOptionsSpec, HeadGroupSpec,
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.records import ClusterRecord, NodePlacement, NodePorts
 from servekeeper.model.start_params import custom_resources
+from servekeeper.providers.base import ClusterRecords
 from servekeeper.providers.local_nodes import LOCAL_HOST, launched_log_name
-from servekeeper.providers.ports import PortsExhausted
+from servekeeper.providers.ports import PortAllocator, PortsExhausted
 from servekeeper.providers.ray_start import NODE_ID_RESOURCE
 
 # Ray on Spark's name for the head's type: no worker group can take it (a group name is a DNS label).
@@ -113,6 +114,34 @@ class NodeRoomShort(NodeRequestRefused):
     """A node request refused for want of room (no free ports here), not for asking wrongly."""
 
 
+def check_launch(cluster: ClusterRecord, config: RayClusterConfigSpec, group_name: str, count: int) -> None:
+    """Refuse a launch of a group the cluster does not have, or past the group's maxReplicas."""
+    group = next((g for g in config.workerGroups if g.name == group_name), None)
+    if group is None:
+        raise NodeRequestRefused(f"cluster {cluster.name} has no worker group {group_name!r}")
+    in_group = sum(1 for node in cluster.nodes if not node.stopped and node.group == group_name)
+    if in_group + count > group.max_nodes():
+        raise NodeRequestRefused(
+            f"worker group {group_name!r} of {cluster.name}: {in_group} node(s) and {count} more "
+            f"exceed its maxReplicas ({group.max_nodes()})"
+        )
+
+
+def next_node_id(cluster: ClusterRecord) -> int:
+    """Above every id recorded: the highest is only ever replaced by a higher one, so none recurs."""
+    return max((node.node_id or 0 for node in cluster.nodes), default=0) + 1
+
+
+def launch_here(
+    cluster: ClusterRecord, config: RayClusterConfigSpec, group: str, count: int, records: ClusterRecords
+) -> tuple[ClusterRecord, list[int]]:
+    """`launched` on this machine, stored in one write: new ports free here, held by no cluster,
+    declared by no ingress (as a cluster's own are chosen when it is created)."""
+    held = [port for other in records.list_clusters() for port in other.ports.all_ports()]
+    grown, ids = launched(cluster, config, group, count, PortAllocator([*held, *records.declared_ports()]).node)
+    return records.update_cluster(cluster.name, nodes=grown.nodes, ports=grown.ports), ids
+
+
 def launched(
     cluster: ClusterRecord,
     config: RayClusterConfigSpec,
@@ -127,16 +156,7 @@ def launched(
     nodes it starts with, not for its maximum: a group of 64 would hold some 3,500 ports idle."""
     if cluster.pool is not None:
         raise NodeRequestRefused(f"cluster {cluster.name} runs on pool {cluster.pool}: its nodes are placed there")
-    group = next((g for g in config.workerGroups if g.name == group_name), None)
-    if group is None:
-        raise NodeRequestRefused(f"cluster {cluster.name} has no worker group {group_name!r}")
-    live = [node for node in cluster.nodes if not node.stopped]
-    in_group = sum(1 for node in live if node.group == group_name)
-    if in_group + count > group.max_nodes():
-        raise NodeRequestRefused(
-            f"worker group {group_name!r} of {cluster.name}: {in_group} node(s) and {count} more "
-            f"exceed its maxReplicas ({group.max_nodes()})"
-        )
+    check_launch(cluster, config, group_name, count)
     # A released node's ports are free once its process is gone (no session left), not before.
     taken = {node.ports for node in cluster.nodes if not node.stopped or node.session_id is not None}
     spare = [ports for ports in cluster.ports.node_ports if ports not in taken][:count]
@@ -146,8 +166,7 @@ def launched(
         raise NodeRoomShort(f"no ports for {count} more node(s) of {cluster.name}: {exc}") from None
     spare += added_ports
     held = replace(cluster.ports, node_ports=(*cluster.ports.node_ports, *added_ports))
-    # Above every id recorded: the highest is only ever replaced by a higher one, so none recurs.
-    first_id = max((node.node_id or 0 for node in cluster.nodes), default=0) + 1
+    first_id = next_node_id(cluster)
     added = [
         NodePlacement(
             host=LOCAL_HOST,

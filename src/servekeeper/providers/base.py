@@ -56,6 +56,8 @@ class ClusterRecords(Protocol):
 
     def put_cluster(self, cluster: ClusterRecord) -> None: ...
 
+    def update_cluster(self, name: str, **changes: Any) -> ClusterRecord: ...
+
     def declared_ports(self) -> set[int]:
         """Ports the services' ingresses declare, which no cluster on this machine may take."""
         ...
@@ -116,6 +118,15 @@ class ClusterProvider(Protocol):
     async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
         """Stop node `index` of the cluster (a worker Ray's autoscaler released); raises
         RetryableProviderError while it may still run (its host did not answer)."""
+        ...
+
+    async def launch_nodes(
+        self, cluster: ClusterRecord, config: RayClusterConfigSpec, group: str, count: int, records: ClusterRecords
+    ) -> tuple[ClusterRecord, list[int]]:
+        """`count` more worker nodes of `group` for Ray's autoscaler: placed (ports of their own;
+        on a pool, a host with room) and recorded unstarted in one write (intent: the next tick
+        starts them); the record as stored, and their ids, never used before in the cluster.
+        Raises `autoscaling.NodeRequestRefused` (`NodeRoomShort`: no room now) or ProviderError."""
         ...
 
     def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:

@@ -25,7 +25,7 @@ from servekeeper.core.hooks import Hooks
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.records import ClusterRecord, NodePlacement
-from servekeeper.providers.autoscaling import scaled_like
+from servekeeper.providers.autoscaling import launch_here, scaled_like
 from servekeeper.providers.base import (
     ClusterRecords,
     Liveness,
@@ -273,6 +273,11 @@ class LocalProvider:
                 return last_lines(log.read().decode(errors="replace"), hide=hidden_values(cluster, None))
         except OSError:
             return "no log"
+
+    async def launch_nodes(
+        self, cluster: ClusterRecord, config: RayClusterConfigSpec, group: str, count: int, records: ClusterRecords
+    ) -> tuple[ClusterRecord, list[int]]:
+        return launch_here(cluster, config, group, count, records)
 
     def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         """The monitor's config rewritten: it reads it again at its next look (each second)."""

@@ -17,11 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from servekeeper.core.placement import free_room, node_needs, place
 from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec
 from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.hostpool import HostPoolSpec, HostSpec
-from servekeeper.model.records import ClusterRecord
+from servekeeper.model.records import ClusterRecord, NodePlacement
 from servekeeper.providers.base import (
     ClusterRecords,
     Liveness,
@@ -44,10 +43,11 @@ from servekeeper.providers.environments import environments_of
 from servekeeper.providers.gcs_storage import GcsStorage, head_flags, node_env
 from servekeeper.providers.host_environments import HostEnvironments
 from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
+from servekeeper.providers.pool_launch import launch_on_pool
 from servekeeper.providers.pool_liveness import look
 from servekeeper.providers.pool_moves import MOVED_FIELDS, place_move, stop_left_behind
 from servekeeper.providers.pool_nodes import stop_pool_node
-from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, host_rooms, place_cluster
+from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, place_cluster
 from servekeeper.providers.ray_start import group_args
 from servekeeper.providers.ssh import HostConnection, SshError
 from servekeeper.providers.ssh_nodes import SshNodes
@@ -58,28 +58,6 @@ logger = logging.getLogger(__name__)
 LIVENESS_CACHE_SECONDS = 2.0  # an SSH round trip per node per look is too much at 4 looks a second
 HEAD_GCS_WAIT_SECONDS = 60.0  # a head's GCS answers in a few seconds; on loaded hosts in tens
 T = TypeVar("T")
-
-
-def pool_problems(store: Store, config: RayClusterConfigSpec) -> list[str]:
-    """What makes a spec on a host pool impossible (not merely waiting for room), by field."""
-    assert config.hostPool is not None
-    record = store.get_host_pool(config.hostPool)
-    if record is None:
-        return [f"spec.rayClusterConfig.hostPool: host pool {config.hostPool!r} does not exist; apply it first"]
-    hosts = record.spec().spec.hosts
-    names = {host.name for host in hosts}
-    problems = []
-    groups = [("spec.rayClusterConfig.head", config.head)]
-    groups += [(f"spec.rayClusterConfig.workerGroups.{i}", g) for i, g in enumerate(config.workerGroups)]
-    for path, group in groups:
-        if group.host is not None and group.host not in names:
-            problems.append(f"{path}.host: {group.host!r} is not a host of pool {config.hostPool!r} ({sorted(names)})")
-    if problems:
-        return problems
-    chosen = place(node_needs(config), free_room(host_rooms(record.spec()), []))
-    if isinstance(chosen, str):
-        return [f"spec.rayClusterConfig: InsufficientCapacity: even the empty pool cannot hold it: {chosen}"]
-    return []
 
 
 class PoolProvider:
@@ -258,8 +236,8 @@ class PoolProvider:
         assert cluster.pool is not None
         ssh = self.ssh(cluster.pool)
         token = read_cluster_token(self.token_dir, cluster.name)
-        groups = _groups_per_node(config)
         nodes = list(cluster.nodes)
+        groups = _groups_per_node(config, nodes)
         head_starts = nodes[0].pid is None
         storage = await self.gcs_storage.target(config, nodes[0].address, cluster.name) if head_starts else None
         own_pythons = await self.host_environments.pythons_on(ssh, [n.host for n in nodes if n.pid is None], config)
@@ -275,7 +253,7 @@ class PoolProvider:
             return updated
 
         for index, node in enumerate(nodes):
-            if node.pid is not None:
+            if node.pid is not None or node.stopped:  # running, or released by Ray's autoscaler
                 continue
             if index > 0:
                 await _head_gcs_answers(ssh, cluster)
@@ -289,7 +267,7 @@ class PoolProvider:
             token_path = await ssh.install_token(node.host, cluster.name, token)
             host = ssh.host(node.host)
             host = host.model_copy(update={"python": own_pythons.get(node.host, host.python)})  # its `ray start`'s
-            resources = group_args(groups[index])
+            resources = group_args(groups[index], node.node_id if config.enableInTreeAutoscaling else None)
             if index == 0:
                 await self.gcs_storage.before_restart(ssh, node, config, storage, cluster.name)
                 ports = cluster.ports
@@ -320,6 +298,14 @@ class PoolProvider:
         result, _ = await asyncio.gather(look(ssh, cluster, self.store), stop_left_behind(ssh, self.store, cluster))
         self._liveness[cluster.name] = (pids, now, result)
         return result
+
+    async def launch_nodes(
+        self, cluster: ClusterRecord, config: RayClusterConfigSpec, group: str, count: int, records: ClusterRecords
+    ) -> tuple[ClusterRecord, list[int]]:
+        assert cluster.pool is not None
+        async with self.creating:  # the pool's room and ports, as seen, until stored
+            pool, ssh = self.pool(cluster.pool), self.ssh(cluster.pool)
+            return await launch_on_pool(pool, ssh, cluster.name, config, group, count, records)
 
     def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         raise PermanentProviderError(f"{cluster.name}: Ray's autoscaler does not run on a host pool yet")
@@ -392,8 +378,14 @@ async def _to_the_end(work: Coroutine[Any, Any, T]) -> T:
     return task.result()
 
 
-def _groups_per_node(config: RayClusterConfigSpec) -> list[HeadGroupSpec]:
-    groups: list[HeadGroupSpec] = [config.head]
+def _groups_per_node(config: RayClusterConfigSpec, nodes: Sequence[NodePlacement]) -> list[HeadGroupSpec]:
+    """Each node's group: as recorded (a node Ray's autoscaler asked for, appended or in a
+    released node's place), else by its place in the spec (older rows)."""
+    by_place: list[HeadGroupSpec] = [config.head]
     for group in config.workerGroups:
-        groups += [group] * group.replicas
-    return groups
+        by_place += [group] * group.replicas
+    named = {group.name: group for group in config.workerGroups}
+    return [
+        named[node.group] if node.role == "worker" and node.group in named else by_place[min(i, len(by_place) - 1)]
+        for i, node in enumerate(nodes)
+    ]

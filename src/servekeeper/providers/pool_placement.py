@@ -18,6 +18,7 @@ from servekeeper.providers.environments import EnvironmentRequest
 from servekeeper.providers.node_argv import cluster_dir
 from servekeeper.providers.ssh import CommandTimeout, SshError
 from servekeeper.providers.ssh_nodes import SshNodes
+from servekeeper.store.store import Store
 
 REACH_TIMEOUT_SECONDS = 5.0
 ALLOCATE_TIMEOUT_SECONDS = 20.0  # ports probed on each host: a host falling silent must not hold the tick
@@ -93,14 +94,14 @@ async def place_cluster(
         lost = f" (unreachable: {sorted(unreachable)})" if unreachable else ""
         raise Shortfall(f"host pool {config.hostPool!r}: {chosen}{lost}")
     try:
-        allocating = _allocate(ssh, draft, config.hostPool, chosen, reserved)
+        allocating = _allocate(ssh, draft, config, chosen, reserved)
         return await asyncio.wait_for(allocating, ALLOCATE_TIMEOUT_SECONDS)
     except asyncio.TimeoutError as exc:
         raise RetryableProviderError(f"allocating ports took more than {ALLOCATE_TIMEOUT_SECONDS:g}s") from exc
 
 
 async def _allocate(
-    ssh: SshNodes, draft: ClusterRecord, pool_name: str, chosen: list[str], reserved: set[int]
+    ssh: SshNodes, draft: ClusterRecord, config: RayClusterConfigSpec, chosen: list[str], reserved: set[int]
 ) -> ClusterRecord:
     try:
         # Serve's proxies listen on one port on every node: free on all of the cluster's hosts.
@@ -125,11 +126,18 @@ async def _allocate(
             role="head" if index == 0 else "worker",
             ports=ports,
             temp_dir=f"{cluster_dir(ssh.host(host), draft.name)}/n{index}",
+            group=group,
+            node_id=index,  # Ray's autoscaler's id for it (the head's is 0), as on one machine
         )
-        for index, (host, ports) in enumerate(zip(chosen, node_ports, strict=True))
+        for index, (host, ports, group) in enumerate(zip(chosen, node_ports, _group_names(config), strict=True))
     )
     cluster_ports = ClusterPorts(gcs, dashboard, client_server, serve_http, serve_grpc, tuple(node_ports))
-    return draft.with_changes(pool=pool_name, nodes=nodes, ports=cluster_ports)
+    return draft.with_changes(pool=config.hostPool, nodes=nodes, ports=cluster_ports)
+
+
+def _group_names(config: RayClusterConfigSpec) -> list[str | None]:
+    """Each node's group in placement order (None: the head)."""
+    return [None, *(group.name for group in config.workerGroups for _ in range(group.replicas))]
 
 
 def own_python_of(config: RayClusterConfigSpec) -> str | None:
@@ -174,3 +182,25 @@ async def unreachable_hosts(ssh: SshNodes, hosts: list[str]) -> set[str]:
     if refused:
         raise HostRefused(str(refused[0])) from refused[0]
     return {name for name, exc in zip(hosts, failures, strict=True) if exc is not None}
+
+
+def pool_problems(store: Store, config: RayClusterConfigSpec) -> list[str]:
+    """What makes a spec on a host pool impossible (not merely waiting for room), by field."""
+    assert config.hostPool is not None
+    record = store.get_host_pool(config.hostPool)
+    if record is None:
+        return [f"spec.rayClusterConfig.hostPool: host pool {config.hostPool!r} does not exist; apply it first"]
+    hosts = record.spec().spec.hosts
+    names = {host.name for host in hosts}
+    problems = []
+    groups = [("spec.rayClusterConfig.head", config.head)]
+    groups += [(f"spec.rayClusterConfig.workerGroups.{i}", g) for i, g in enumerate(config.workerGroups)]
+    for path, group in groups:
+        if group.host is not None and group.host not in names:
+            problems.append(f"{path}.host: {group.host!r} is not a host of pool {config.hostPool!r} ({sorted(names)})")
+    if problems:
+        return problems
+    chosen = place(node_needs(config), free_room(host_rooms(record.spec()), []))
+    if isinstance(chosen, str):
+        return [f"spec.rayClusterConfig: InsufficientCapacity: even the empty pool cannot hold it: {chosen}"]
+    return []

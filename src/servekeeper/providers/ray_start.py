@@ -47,9 +47,10 @@ def resource_args(group: HeadGroupSpec) -> list[str]:
     return args
 
 
-def group_args(group: HeadGroupSpec) -> list[str]:
-    """A group's resource flags and its rayStartParams, as every node of it gets them."""
-    return resource_args(group) + param_args(group.rayStartParams)
+def group_args(group: HeadGroupSpec, node_id: int | None = None) -> list[str]:
+    """A group's resource flags and its rayStartParams, as every node of it gets them; with
+    `node_id` (Ray's autoscaler runs), the node's id among its custom resources."""
+    return resource_args(group) + param_args(with_node_id(group.rayStartParams, node_id))
 
 
 def with_node_id(params: dict[str, StartParamValue], node_id: int | None) -> dict[str, StartParamValue]:

@@ -57,6 +57,11 @@ class ProviderRouter:
     async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
         await self._for(cluster).stop_node(cluster, index)
 
+    async def launch_nodes(
+        self, cluster: ClusterRecord, config: RayClusterConfigSpec, group: str, count: int, records: ClusterRecords
+    ) -> tuple[ClusterRecord, list[int]]:
+        return await self._for(cluster).launch_nodes(cluster, config, group, count, records)
+
     def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         self._for(cluster).update_autoscaler(cluster, config)
 
