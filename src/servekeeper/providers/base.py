@@ -129,7 +129,7 @@ class ClusterProvider(Protocol):
         Raises `autoscaling.NodeRequestRefused` (`NodeRoomShort`: no room now) or ProviderError."""
         ...
 
-    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+    async def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         """Give Ray's autoscaler of the cluster `config`'s bounds (its monitor re-reads its config
         at each look); raises PermanentProviderError where there is no such autoscaler."""
         ...
