@@ -125,7 +125,8 @@ class ClusterProvider(Protocol):
     ) -> tuple[ClusterRecord, list[int]]:
         """`count` more worker nodes of `group` for Ray's autoscaler: placed (ports of their own;
         on a pool, a host with room) and recorded unstarted in one write (intent: the next tick
-        starts them); the record as stored, and their ids, never used before in the cluster.
+        starts them); the record as stored, and their ids, never used before in the cluster (on a
+        pool, of as many as fit, at least one: Ray asks again for the rest).
         Raises `autoscaling.NodeRequestRefused` (`NodeRoomShort`: no room now) or ProviderError."""
         ...
 
