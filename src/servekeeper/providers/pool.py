@@ -195,8 +195,11 @@ class PoolProvider:
 
     def endpoints(self, cluster: ClusterRecord, grpc: bool) -> tuple[Endpoint, ...]:
         port = cluster.ports.serve_grpc if grpc else cluster.ports.serve_http
-        # Two nodes on one host share its address and Serve's one proxy port: one endpoint.
-        addresses = list(dict.fromkeys(node.address for node in cluster.nodes))
+        # Two nodes on one host share its address and Serve's one proxy port: one endpoint. A
+        # node Ray's autoscaler released has no proxy any more (its place is kept in the record).
+        addresses = list(
+            dict.fromkeys(node.address for node in cluster.nodes if not node.stopped or node.role == "head")
+        )
         # With GCS fault tolerance a head comes back, its proxy ready before it knows a replica:
         # a fallback when other nodes have proxies (see Endpoint.fallback).
         comes_back = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).gcsFaultTolerance is not None

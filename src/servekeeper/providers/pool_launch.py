@@ -2,7 +2,8 @@
 pool's hosts with room once every cluster's nodes are counted (this cluster's too), away from
 the hosts this cluster already runs on while others have room (spread), on hosts that answer,
 with ports free there and held by no cluster, and the cluster's Serve proxy ports free there (a
-proxy runs on every node, on the same ports). As many of the nodes asked for as fit are placed."""
+proxy runs on every node, on the same ports), one node of the cluster per host for that reason.
+As many of the nodes asked for as fit are placed."""
 
 from __future__ import annotations
 
@@ -82,7 +83,9 @@ async def place_launched(
             placed += [(node.host, taking) for node, taking in nodes_taking_room(other)]
     mine = frozenset(node.host for node in cluster.nodes if not node.stopped)
     rooms = host_rooms(pool)
-    left_out: dict[str, str] = {}  # host -> why no node goes there now
+    # host -> why no node goes there now. One node of a cluster per host: each node runs Serve's
+    # proxy on the cluster's ports (EveryNode), and a second on the same host could not bind them.
+    left_out = {host: f"runs a node of {cluster.name} already (one per host)" for host in mine}
     while True:
         usable = [room for room in rooms if room.name not in left_out]
         chosen = _most_placed(need, len(node_ids), free_room(usable, placed), mine)
@@ -113,15 +116,14 @@ async def place_launched(
 
 
 def _most_placed(need: NodeNeed, count: int, room: dict[str, HostRoom], mine: frozenset[str]) -> list[str] | str:
-    """Hosts for as many of `count` nodes as fit (Ray asks again for the rest: refusing them all
-    would leave the room that exists unused), or what is short for the first."""
-    first_short = ""
-    for fitting in range(count, 0, -1):
+    """Hosts, each a different one, for as many of `count` nodes as fit (Ray asks again for the
+    rest: refusing them all would leave the room that exists unused), or what is short."""
+    short = place([need], room, avoid=mine)
+    for fitting in range(min(count, len(room)), 0, -1):
         chosen = place([need] * fitting, room, avoid=mine)
-        if not isinstance(chosen, str):
+        if not isinstance(chosen, str) and len(set(chosen)) == fitting:
             return chosen
-        first_short = first_short or chosen
-    return first_short
+    return short if isinstance(short, str) else f"no host without a node of the cluster has room for {need.path}"
 
 
 async def _unfit_hosts(ssh: SshNodes, cluster: ClusterRecord, hosts: list[str]) -> dict[str, str]:

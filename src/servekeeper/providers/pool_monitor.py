@@ -102,7 +102,8 @@ class PoolMonitors:
         target = urlsplit(api.url)
         assert target.hostname is not None and target.port is not None
         connection = ssh.connection(head.host)
-        port = await with_retries(partial(connection.forward_here, target.hostname, target.port))
+        # Not retried: at a look, a silent host is the look's to tell (the start is retried whole).
+        port = await connection.forward_here(target.hostname, target.port)
         if not configs and self._written.get(cluster.name) == (head.host, port):
             return
         directory = monitor_dir(ssh.host(head.host), cluster.name)
