@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -199,3 +200,5 @@ def test_ray_scales_a_pool_cluster_onto_hosts_with_room_and_releases_the_idle_no
     for name in (NAME, HOLDER):
         sk.cli("delete", name)
     wait_until(lambda: not sk.clusters(), 120, "the services' clusters stopped")
+    # the monitor's files (the node token among them) went with the cluster's dir on the head's host
+    assert not list(Path(fleet.hosts[0].work_dir).glob("*/autoscaler")), "nothing of the monitor left"
