@@ -5,8 +5,8 @@ Controls: `refuse[host]` / `silent[host]` (what a probe of that host raises), `f
 (what a launch there raises), `logs[temp_dir]` (what a node logged), `launch_gate` (a node launch
 waits for it on the host; cancelling the caller does not stop it), `leftovers[temp_dir]` (pids a
 stop of that node leaves alive), `gcs_lost` (GCS storage dirs found empty), `taken_ports[host]` (ports
-bound there by something else), `forwards[host]` (the port a remote forward gets there: change it
-to mimic a new connection). It keeps `running` (temp dir -> the node), `envs` (temp dir -> its
+bound there by something else), `connections[host]` (delete one to mimic a new connection). It
+keeps `forwards` ((host, socket path) -> where to), `running` (temp dir -> the node), `envs` (temp dir -> its
 launch's env), `tokens` (path -> content), `files` (path -> content and mode, written over
 "SFTP"), `stopped` (the nodes each stop got) and the `calls` it got.
 
@@ -56,7 +56,8 @@ class FakeFleet:
         self.made: list[FakeSshNodes] = []
         self.interpreters: dict[str, dict[str, str]] = {}  # host -> its Pythons (default: 3.11 only)
         self.files: dict[str, tuple[bytes, int]] = {}  # path -> (content, mode), written to any host
-        self.forwards: dict[str, int] = {}  # host -> the port its remote forward listens on
+        self.forwards: dict[tuple[str, str], str] = {}  # (host, socket path) -> where it forwards to
+        self.connections: dict[str, Any] = {}  # host -> its open "asyncssh" connection (drop one: a new one)
         self._pids = itertools.count(7000)
         self._ports = itertools.count(20000)
 
@@ -109,9 +110,48 @@ class FakeHostConnection(HostConnection):
         self._answer("put", path)
         self.fleet.files[path] = (local.read_bytes(), mode)
 
-    async def forward_here(self, dest_host: str, dest_port: int) -> int:
-        self._answer("forward", f"{dest_host}:{dest_port}")
-        return self.fleet.forwards.setdefault(self.host.name, 41000)
+    async def connected(self) -> Any:
+        self._answer("connected", self.host.name)
+        if self.host.name not in self.fleet.connections:
+            self.fleet.connections[self.host.name] = FakeForwardingConnection(self.fleet, self.host.name)
+        return self.fleet.connections[self.host.name]
+
+
+class FakeForwardingConnection:
+    """An open asyncssh connection to a fleet host that forwards socket files (into the fleet's
+    `forwards`: (host, path) -> "dest_host:dest_port") and removes files over SFTP."""
+
+    def __init__(self, fleet: FakeFleet, host: str) -> None:
+        self.fleet = fleet
+        self.host = host
+
+    def is_closed(self) -> bool:
+        return False
+
+    @contextlib.asynccontextmanager
+    async def start_sftp_client(self) -> AsyncIterator[Any]:
+        connection = self
+
+        class Sftp:
+            async def remove(self, path: str) -> None:
+                connection.fleet.calls.append(("remove", path))
+                if path not in connection.fleet.files:
+                    raise asyncssh.SFTPNoSuchFile(path)
+                del connection.fleet.files[path]
+
+        yield Sftp()
+
+    async def forward_remote_path_to_port(self, path: str, dest_host: str, dest_port: int) -> Any:
+        self.fleet.calls.append(("forward", path))
+        self.fleet.forwards[(self.host, path)] = f"{dest_host}:{dest_port}"
+        self.fleet.files[path] = (b"<socket>", 0o600)
+        forwards, key = self.fleet.forwards, (self.host, path)
+
+        class Listener:
+            def close(self) -> None:
+                forwards.pop(key, None)
+
+        return Listener()
 
 
 class FakeSshNodes(SshNodes):

@@ -28,7 +28,8 @@ CONFIG = pool_spec(workers=1, cpus=1, enableInTreeAutoscaling=True).spec.rayClus
 
 def provider(tmp_path: Path, store: Store, fleet: FakeFleet, api: NodeApi | None = API) -> PoolProvider:
     if store.get_host_pool("fleet") is None:
-        store.apply_host_pool("fleet", parse_host_pool(pool_document(("a", 4), ("b", 4))).to_json(), 1.0)
+        hosts = pool_document(("a", 4), ("b", 4), ("c", 4))
+        store.apply_host_pool("fleet", parse_host_pool(hosts).to_json(), 1.0)
     return PoolProvider(store, tmp_path, ssh_nodes=fleet, node_api=api)
 
 
@@ -45,16 +46,18 @@ async def test_the_head_starts_with_its_monitor_and_the_files_it_reads(tmp_path:
     head, worker = cluster.nodes
     directory, files = files_of(fleet, cluster)
     assert ("make_dirs", directory) in fleet.calls
-    assert set(files) == {"servekeeper_node_provider.py", "autoscaling.json", "node-api-url", "node-token"}
-    assert all(mode == 0o600 for _, mode in files.values())
+    names = {"servekeeper_node_provider.py", "autoscaling.json", "node-api-url", "node-token", "node-api.sock"}
+    assert set(files) == names and all(mode == 0o600 for _, mode in files.values())
     assert files["node-token"][0].decode() == node_api_token(API.secret, "mine")
-    assert files["node-api-url"][0].decode() == "http://127.0.0.1:41000"  # the forward on the head's host
-    assert ("forward", "127.0.0.1:8765") in fleet.calls
+    # the node API through the controller's SSH forward: a socket file in the head's own folder
+    assert files["node-api-url"][0].decode() == f"unix:{directory}/node-api.sock"
+    assert fleet.forwards == {("a", f"{directory}/node-api.sock"): "127.0.0.1:8765"}
     provider_section = json.loads(files["autoscaling.json"][0])["provider"]
     assert provider_section["url_file"] == f"{directory}/node-api-url" and provider_section["cluster"] == "mine"
     assert f"--autoscaling-config={directory}/autoscaling.json" in fleet.argvs[head.temp_dir]
     assert fleet.envs[head.temp_dir]["PYTHONPATH"] == directory
     assert fleet.envs[head.temp_dir]["AUTOSCALER_UPDATE_INTERVAL_S"] == "1"
+    assert fleet.envs[head.temp_dir]["AUTOSCALER_HEARTBEAT_TIMEOUT_S"] == "60"  # a slow raylet is no lost node
     secret = node_api_token(API.secret, "mine")
     assert not any(secret in arg for arg in fleet.argvs[head.temp_dir])
     assert secret not in fleet.envs[head.temp_dir].values()
@@ -72,15 +75,23 @@ async def test_a_new_forward_is_written_at_the_next_look_and_a_restart_writes_al
     await pools.liveness(cluster)
     assert len([call for call in fleet.calls if call[0] == "write"]) == writes  # the same forward: nothing written
 
-    fleet.forwards["a"] = 41001  # the connection to the head's host was opened again
+    del fleet.connections["a"]  # the connection to the head's host was opened again
     await pools.monitors.keep_reachable(fleet.made[-1], cluster)
-    assert fleet.files[f"{directory}/node-api-url"][0] == b"http://127.0.0.1:41001"
-    assert [call[1].rsplit("/", 1)[1] for call in fleet.calls[-2:]] == ["node-token", "node-api-url"]
+    socket = f"{directory}/node-api.sock"
+    # the old socket file removed (sshd binds over no file), forwarded again, the files rewritten
+    assert [(call, path.rsplit("/", 1)[1]) for call, path in fleet.calls[-4:]] == [
+        ("remove", "node-api.sock"),
+        ("forward", "node-api.sock"),
+        ("write", "node-token"),
+        ("write", "node-api-url"),
+    ]
+    assert fleet.forwards == {("a", socket): "127.0.0.1:8765"}
 
     fleet.files.clear()  # a controller started anew writes the token and the config from the record too
     again = provider(tmp_path, store, fleet)
     await again.liveness(cluster)
-    assert {path.rsplit("/", 1)[1] for path in fleet.files} == {"node-token", "autoscaling.json", "node-api-url"}
+    rewritten = {path.rsplit("/", 1)[1] for path in fleet.files}
+    assert rewritten == {"node-api.sock", "node-token", "autoscaling.json", "node-api-url"}
     await pools.close()
     await again.close()
 
@@ -96,6 +107,18 @@ async def test_a_silent_head_host_leaves_the_look_to_tell_it(tmp_path: Path, sto
     fleet.files.clear()
     await pools.monitors.keep_reachable(fleet.made[-1], cluster)  # not written since: all again
     assert f"{directory}/autoscaling.json" in fleet.files and f"{directory}/node-api-url" in fleet.files
+    await pools.close()
+
+
+async def test_a_deleted_cluster_is_no_longer_forwarded(tmp_path: Path, store: Store) -> None:
+    fleet = FakeFleet()
+    pools = provider(tmp_path, store, fleet)
+    cluster = await started(pools, store, "mine", CONFIG)
+    assert len(fleet.forwards) == 1 and {n.host for n in cluster.nodes} == {"a", "b"}
+    assert await pools.stop(cluster) == []
+    assert fleet.forwards == {}
+    # its dir (the socket, the tokens) on every host: a launched node may have run where none is recorded now
+    assert [host for call, host in fleet.calls if call == "forget"] == ["a", "b", "c"]
     await pools.close()
 
 

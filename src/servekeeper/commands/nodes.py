@@ -55,6 +55,7 @@ class NodeCommands:
         cluster = self.store.get_cluster(name)
         if cluster is None:
             self.tags = {key: tags for key, tags in self.tags.items() if key[0] != name}
+            self.held_back = {key: held for key, held in self.held_back.items() if key[0] != name}
             raise NotFound(f"cluster {name!r} not found")
         config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
         if not config.enableInTreeAutoscaling:

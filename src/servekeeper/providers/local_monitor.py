@@ -24,6 +24,11 @@ TOKEN_FILE = "node-token"
 CONFIG_FILE = "autoscaling.json"
 # How often the monitor looks (Ray's default is 5 s): Ray on Spark uses 1 s too.
 UPDATE_INTERVAL_SECONDS = 1
+# A node is "running" to the monitor once its process is, and Ray releases a running node whose
+# raylet has not reported within this time ("lost contact with raylet"). Ray's 30 s is also how
+# long a raylet may take to register on a loaded host: twice that, so that a slow start is not
+# taken for a lost node (a dead one is the controller's to find and start again).
+HEARTBEAT_TIMEOUT_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,11 @@ def monitor_env(directory: str, own_search_path: str) -> dict[str, str]:
     """The head's environment for its monitor: the module's folder ahead of the head's own
     PYTHONPATH, never instead of it."""
     search_path = os.pathsep.join(p for p in (directory, own_search_path) if p)
-    return {"PYTHONPATH": search_path, "AUTOSCALER_UPDATE_INTERVAL_S": str(UPDATE_INTERVAL_SECONDS)}
+    return {
+        "PYTHONPATH": search_path,
+        "AUTOSCALER_UPDATE_INTERVAL_S": str(UPDATE_INTERVAL_SECONDS),
+        "AUTOSCALER_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_SECONDS),
+    }
 
 
 def provider_section(cluster: str, directory: str) -> dict[str, str]:

@@ -356,7 +356,11 @@ class PoolProvider:
         left = await stop_left_behind(ssh, self.store, cluster)
         leftovers += [f"{node.role} node a head move left on {node.host}: not stopped yet" for node in left]
         if not leftovers:
-            for host in sorted({node.host for node in (*cluster.nodes, *cluster.left_behind)}):
+            config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+            hosts = {node.host for node in (*cluster.nodes, *cluster.left_behind)}
+            if config.enableInTreeAutoscaling:  # a launched node may have taken a released one's place elsewhere
+                hosts |= set(ssh.host_names())
+            for host in sorted(hosts):
                 try:  # its token file and logs on the host; nothing runs there any more
                     await ssh.forget_cluster(host, cluster.name)
                 except (SshError, ProviderError) as exc:
@@ -365,5 +369,5 @@ class PoolProvider:
             self._tokens.pop(cluster.name, None)
             self.monitors.forget(cluster.name)
             token_file(self.token_dir, cluster.name).unlink(missing_ok=True)
-            await self.gcs_storage.forget(cluster, RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json))
+            await self.gcs_storage.forget(cluster, config)
         return leftovers

@@ -1,14 +1,13 @@
 """Ray's autoscaler on a pool cluster's head (issue 22), as on this machine (`local_monitor.py`)
 but over SSH: the monitor's files reach the head's host over SFTP (a 0700 folder in the
 cluster's dir there, the node token 0600, each file replaced whole), and the monitor reaches the
-node API through an SSH remote forward on that host's loopback. The API never listens on the
-pool's network, and the node token crosses it encrypted.
+node API through an SSH remote forward: a socket file in that folder (`ssh_forward.py`). The API
+never listens on the pool's network, and the node token crosses it encrypted.
 
 The forward lives with the controller's connection to the head's host: a new connection (a
-dropped one, a restarted controller) has a new port there, which `keep_reachable`, called at
-every look at the cluster, writes to the head's url file. The module reads that file at each
-call, so the monitor follows without a restart; while no forward exists, its calls fail and
-Ray's monitor tries again at its next update."""
+dropped one, a restarted controller) makes it again, at the next look at the cluster
+(`keep_reachable`). Meanwhile the module's calls fail and Ray's monitor tries again at its next
+update."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import HostSpec
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.autoscaling import autoscaling_config, node_api_token
-from servekeeper.providers.base import PermanentProviderError, ProviderError
+from servekeeper.providers.base import PermanentProviderError, ProviderError, RetryableProviderError
 from servekeeper.providers.local_monitor import (
     CONFIG_FILE,
     MODULE_FILE,
@@ -34,9 +33,13 @@ from servekeeper.providers.local_monitor import (
 )
 from servekeeper.providers.node_argv import cluster_dir
 from servekeeper.providers.ssh import SshError, with_retries
+from servekeeper.providers.ssh_forward import SocketForwards
 from servekeeper.providers.ssh_nodes import SshNodes
 
 logger = logging.getLogger(__name__)
+
+SOCKET_FILE = "node-api.sock"  # the forward's end on the head's host, beside the token
+UNIX_PREFIX = "unix:"  # how the module knows a socket file from an http:// address
 
 
 def monitor_dir(host: HostSpec, cluster: str) -> str:
@@ -49,9 +52,10 @@ class PoolMonitors:
 
     def __init__(self, node_api: NodeApi | None) -> None:
         self.node_api = node_api  # None: no cluster may be autoscaled (the monitor has no one to ask)
-        # cluster -> (the head's host, the forward's port there) its url file names, as written
-        # by this controller (none yet after a restart: written again at the first look)
-        self._written: dict[str, tuple[str, int]] = {}
+        self.forwards = SocketForwards()
+        # cluster -> (the head's host, its forward's socket) as pointed at by this controller
+        # (none yet after a restart: everything is written again at the first look)
+        self._written: dict[str, tuple[str, str]] = {}
 
     def _api(self, cluster: ClusterRecord) -> NodeApi:
         if self.node_api is None:
@@ -88,30 +92,42 @@ class PoolMonitors:
             logger.info("[%s] the head's monitor is not pointed at the node API yet: %s", cluster.name, exc)
 
     async def update_config(self, ssh: SshNodes, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
-        """The monitor's config replaced with `config`'s bounds and options (it reads it at each update)."""
-        head = cluster.nodes[0]
+        """The monitor's config replaced with `config`'s bounds and options (it reads it at each
+        update). A head not started yet gets them at its start (its folder may not exist)."""
+        head = cluster.nodes[0] if cluster.nodes else None
+        if head is None or head.pid is None:
+            return
         directory = monitor_dir(ssh.host(head.host), cluster.name)
-        await self._write(ssh, head.host, f"{directory}/{CONFIG_FILE}", self._config(cluster, config, directory))
+        try:
+            await self._write(ssh, head.host, f"{directory}/{CONFIG_FILE}", self._config(cluster, config, directory))
+        except SshError as exc:
+            raise RetryableProviderError(f"the monitor's config on host {head.host}: {exc}") from exc
 
     def forget(self, cluster: str) -> None:
-        self._written.pop(cluster, None)
+        """The cluster is gone: its forward too (its socket file went with the cluster's dir)."""
+        written = self._written.pop(cluster, None)
+        if written is not None:
+            self.forwards.drop(*written)
 
     async def _point(self, ssh: SshNodes, cluster: ClusterRecord, config: RayClusterConfigSpec, configs: bool) -> None:
         api = self._api(cluster)
         head = cluster.nodes[0]
         target = urlsplit(api.url)
         assert target.hostname is not None and target.port is not None
-        connection = ssh.connection(head.host)
-        # Not retried: at a look, a silent host is the look's to tell (the start is retried whole).
-        port = await connection.forward_here(target.hostname, target.port)
-        if not configs and self._written.get(cluster.name) == (head.host, port):
-            return
         directory = monitor_dir(ssh.host(head.host), cluster.name)
+        socket_path = f"{directory}/{SOCKET_FILE}"
+        previous = self._written.get(cluster.name)
+        if previous is not None and previous[0] != head.host:  # the head moved: not forwarded there any more
+            self.forget(cluster.name)
+        # Not retried: at a look, a silent host is the look's to tell (the start is retried whole).
+        made = await self.forwards.ensure(ssh.connection(head.host), socket_path, target.hostname, target.port)
+        if not configs and not made and self._written.get(cluster.name) == (head.host, socket_path):
+            return
         await self._write(ssh, head.host, f"{directory}/{TOKEN_FILE}", node_api_token(api.secret, cluster.name))
         if configs:
             await self._write(ssh, head.host, f"{directory}/{CONFIG_FILE}", self._config(cluster, config, directory))
-        await self._write(ssh, head.host, f"{directory}/{URL_FILE}", f"http://127.0.0.1:{port}")
-        self._written[cluster.name] = (head.host, port)
+        await self._write(ssh, head.host, f"{directory}/{URL_FILE}", f"{UNIX_PREFIX}{socket_path}")
+        self._written[cluster.name] = (head.host, socket_path)
 
     @staticmethod
     def _config(cluster: ClusterRecord, config: RayClusterConfigSpec, directory: str) -> str:

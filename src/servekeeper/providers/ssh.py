@@ -188,9 +188,6 @@ class HostConnection:
         self._connection: asyncssh.SSHClientConnection | None = None
         self._lock = asyncio.Lock()
         self._retired = False
-        # (host, port) -> the connection a remote forward to it rides, and the host's port for it
-        self._forwards: dict[tuple[str, int], tuple[asyncssh.SSHClientConnection, int]] = {}
-        self._forwarding = asyncio.Lock()  # two callers at once share one forward
 
     @property
     def where(self) -> str:
@@ -212,6 +209,10 @@ class HostConnection:
         """No new connection from here on (the host's entry in its pool changed and another
         object serves it): a call that still comes gets HostUnreachable. Close it after."""
         self._retired = True
+
+    async def connected(self) -> asyncssh.SSHClientConnection:
+        """The open connection (opened now if it is not), for what this class does not wrap."""
+        return await self._connect()
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
         async with self._lock:
@@ -348,31 +349,6 @@ class HostConnection:
         except (OSError, asyncssh.DisconnectError) as exc:
             await self.close()
             raise HostUnreachable(self.where, f"connection lost: {_describe(exc)}") from exc
-
-    async def forward_here(self, dest_host: str, dest_port: int) -> int:
-        """A port on the host's loopback that reaches `dest_host:dest_port` as this machine does
-        (an SSH remote forward, encrypted on the way); the same port while this connection
-        lives, a new one after it was opened again."""
-        async with self._forwarding:
-            connection = await self._connect()
-            held = self._forwards.get((dest_host, dest_port))
-            if held is not None and held[0] is connection:
-                return held[1]
-            port = await self._forward(connection, dest_host, dest_port)
-            self._forwards[(dest_host, dest_port)] = (connection, port)
-            return port
-
-    async def _forward(self, connection: asyncssh.SSHClientConnection, dest_host: str, dest_port: int) -> int:
-        try:
-            listener = await connection.forward_remote_port("127.0.0.1", 0, dest_host, dest_port)
-        except asyncssh.ChannelListenError as exc:
-            raise SessionRefused(
-                self.where, f"refused a remote port forward ({exc}); its sshd must allow TCP forwarding"
-            ) from exc
-        except (OSError, asyncssh.DisconnectError) as exc:
-            await self.close()
-            raise HostUnreachable(self.where, f"connection lost: {_describe(exc)}") from exc
-        return listener.get_port()
 
     async def versions(self) -> Versions:
         output = await self.run_python(VERSIONS_SCRIPT)
