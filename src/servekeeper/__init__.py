@@ -1,6 +1,6 @@
 """servekeeper: run Ray Serve services and change them without dropping a request.
 
-    from servekeeper import Client    # the Python client of the daemon (servekeeper.client)
+from servekeeper import Client    # the Python client of the daemon (servekeeper.client)
 """
 
 from __future__ import annotations

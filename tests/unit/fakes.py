@@ -127,7 +127,7 @@ class FakeProvider:
         self.calls.append(("launch_nodes", cluster.name))
         return launch_here(cluster, config, group, count, records)
 
-    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+    async def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         self.calls.append(("update_autoscaler", cluster.name))
         if self.update_autoscaler_error is not None:
             raise self.update_autoscaler_error

@@ -5,9 +5,10 @@ Controls: `refuse[host]` / `silent[host]` (what a probe of that host raises), `f
 (what a launch there raises), `logs[temp_dir]` (what a node logged), `launch_gate` (a node launch
 waits for it on the host; cancelling the caller does not stop it), `leftovers[temp_dir]` (pids a
 stop of that node leaves alive), `gcs_lost` (GCS storage dirs found empty), `taken_ports[host]` (ports
-bound there by something else). It keeps `running`
-(temp dir -> the node), `envs` (temp dir -> its launch's env), `tokens` (path -> content),
-`stopped` (the nodes each stop got) and the `calls` it got.
+bound there by something else), `connections[host]` (delete one to mimic a new connection). It
+keeps `forwards` ((host, socket path) -> where to), `running` (temp dir -> the node), `envs` (temp dir -> its
+launch's env), `tokens` (path -> content), `files` (path -> content and mode, written over
+"SFTP"), `stopped` (the nodes each stop got) and the `calls` it got.
 
 Below it, `FakeSshConnection`: an asyncssh connection with only an SFTP client over a local
 directory, for what `HostConnection` does with files."""
@@ -19,6 +20,7 @@ import contextlib
 import itertools
 import os
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import asyncssh
@@ -27,7 +29,7 @@ from servekeeper.model.hostpool import HostSpec
 from servekeeper.model.records import NodePorts
 from servekeeper.providers.node_argv import RemoteNode, cluster_dir
 from servekeeper.providers.node_log import last_lines
-from servekeeper.providers.ssh import HostUnreachable, SshError
+from servekeeper.providers.ssh import HostConnection, HostUnreachable, SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
 from tests.unit.test_hostpool import host
 
@@ -53,6 +55,9 @@ class FakeFleet:
         self.launches: list[asyncio.Future[RemoteNode]] = []
         self.made: list[FakeSshNodes] = []
         self.interpreters: dict[str, dict[str, str]] = {}  # host -> its Pythons (default: 3.11 only)
+        self.files: dict[str, tuple[bytes, int]] = {}  # path -> (content, mode), written to any host
+        self.forwards: dict[tuple[str, str], str] = {}  # (host, socket path) -> where it forwards to
+        self.connections: dict[str, Any] = {}  # host -> its open "asyncssh" connection (drop one: a new one)
         self._pids = itertools.count(7000)
         self._ports = itertools.count(20000)
 
@@ -85,11 +90,83 @@ class FakeFleet:
         return next(self._pids)
 
 
+class FakeHostConnection(HostConnection):
+    """A connection whose files and forwards land in the fleet (a silent host raises)."""
+
+    def __init__(self, fleet: FakeFleet, host: HostSpec) -> None:
+        super().__init__(host)
+        self.fleet = fleet
+
+    def _answer(self, call: str, path: str) -> None:
+        self.fleet.calls.append((call, path))
+        if self.host.name in self.fleet.silent:
+            raise HostUnreachable(self.host.name, "cannot connect: timed out")
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        self._answer("write", path)
+        self.fleet.files[path] = (data, mode)
+
+    async def put_file(self, local: Path, path: str, mode: int = 0o644) -> None:
+        self._answer("put", path)
+        self.fleet.files[path] = (local.read_bytes(), mode)
+
+    async def connected(self) -> Any:
+        self._answer("connected", self.host.name)
+        if self.host.name not in self.fleet.connections:
+            self.fleet.connections[self.host.name] = FakeForwardingConnection(self.fleet, self.host.name)
+        return self.fleet.connections[self.host.name]
+
+
+class FakeForwardingConnection:
+    """An open asyncssh connection to a fleet host that forwards socket files (into the fleet's
+    `forwards`: (host, path) -> "dest_host:dest_port") and removes files over SFTP."""
+
+    def __init__(self, fleet: FakeFleet, host: str) -> None:
+        self.fleet = fleet
+        self.host = host
+
+    def is_closed(self) -> bool:
+        return False
+
+    @contextlib.asynccontextmanager
+    async def start_sftp_client(self) -> AsyncIterator[Any]:
+        connection = self
+
+        class Sftp:
+            async def remove(self, path: str) -> None:
+                connection.fleet.calls.append(("remove", path))
+                if path not in connection.fleet.files:
+                    raise asyncssh.SFTPNoSuchFile(path)
+                del connection.fleet.files[path]
+
+        yield Sftp()
+
+    async def forward_remote_path_to_port(self, path: str, dest_host: str, dest_port: int) -> Any:
+        self.fleet.calls.append(("forward", path))
+        self.fleet.forwards[(self.host, path)] = f"{dest_host}:{dest_port}"
+        self.fleet.files[path] = (b"<socket>", 0o600)
+        forwards, key = self.fleet.forwards, (self.host, path)
+
+        class Listener:
+            def close(self) -> None:
+                forwards.pop(key, None)
+
+        return Listener()
+
+
 class FakeSshNodes(SshNodes):
     def __init__(self, fleet: FakeFleet, hosts: Sequence[HostSpec]) -> None:
         super().__init__(hosts)
         self.fleet = fleet
         self.closed = False
+
+    def connection(self, name: str) -> HostConnection:
+        if name not in self._connections:
+            self._connections[name] = FakeHostConnection(self.fleet, self.host(name))
+        return self._connections[name]
+
+    async def make_dirs(self, host: str, directories: Sequence[str]) -> None:
+        self.fleet.calls.extend(("make_dirs", directory) for directory in directories)
 
     async def close(self) -> None:
         self.closed = True

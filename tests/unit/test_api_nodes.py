@@ -56,12 +56,13 @@ class NodeController(FakeController):
     def __init__(self) -> None:
         self.provider = StopRecorder()
         self.woken: list[str] = []
+        self.now = 1000.0
 
     def wake(self, name: str) -> None:
         self.woken.append(name)
 
     def clock(self) -> float:
-        return 1000.0
+        return self.now
 
 
 @pytest.fixture
@@ -205,22 +206,36 @@ def test_tags_are_kept_for_recorded_nodes_only(world: Any) -> None:
 
 
 def test_a_node_no_ports_are_left_for_is_reported_as_the_groups_shortfall(world: Any, monkeypatch: Any) -> None:
-    client, store, _ = world
+    client, store, controller = world
+    tries: list[int] = []
 
     def exhausted(self: Any) -> NodePorts:
+        tries.append(1)
         raise PortsExhausted("no free block of 90 ports found in 20000-32767")
 
     monkeypatch.setattr(PortAllocator, "node", exhausted)
-    for _ in range(3):
+    for _ in range(3):  # Ray's monitor asks again at every update: placed again only after a pause
         refused = client.post(URL, json={"type": "gpu", "count": 1}, headers=as_node())
         assert refused.status_code == 409 and "no ports for 1 more node(s) of c" in refused.json()["detail"]
+    assert len(tries) == 1 and "refused at once" in refused.json()["detail"]
     [short] = [e for e in store.list_events("c") if e.reason == "InsufficientCapacity"]
     assert short.type == "Warning" and "worker group 'gpu' of c" in short.message and "20000-32767" in short.message
+    pauses = []
+    for _ in range(6):  # the pause doubles, up to 30 s
+        controller.now += 31
+        client.post(URL, json={"type": "gpu", "count": 1}, headers=as_node())
+        at_once = client.post(URL, json={"type": "gpu", "count": 1}, headers=as_node()).json()["detail"]
+        pauses.append(at_once.split("asked again within ")[1].split("s;")[0])
+    assert len(tries) == 7 and pauses == ["4", "8", "16", "30", "30", "30"]
     monkeypatch.undo()
+    controller.now += 31
     assert client.post(URL, json={"type": "gpu", "count": 1}, headers=as_node()).status_code == 200
     monkeypatch.setattr(PortAllocator, "node", exhausted)
     client.post(URL, json={"type": "gpu", "count": 1}, headers=as_node())  # short again after a success: news
     assert [e.reason for e in store.list_events("c")].count("InsufficientCapacity") == 2
+    controller.now += 2.5  # and the pause starts again from its first length (2 s)
+    client.post(URL, json={"type": "gpu", "count": 1}, headers=as_node())
+    assert len(tries) == 9
 
 
 def test_a_node_spawned_as_it_was_released_keeps_its_session_until_stopped(world: Any) -> None:
@@ -254,3 +269,18 @@ def test_a_node_spawned_as_it_was_released_keeps_its_session_until_stopped(world
     assert stored is not None and [n.node_id for n in stored.nodes] == [0, 1, 3]
     assert client.delete(f"{URL}/2", headers=as_node()).status_code == 200
     assert client.delete(f"{URL}/9", headers=as_node()).status_code == 409  # never given
+
+
+def test_fewer_nodes_placed_than_asked_for_are_told_as_the_groups_shortfall(world: Any, monkeypatch: Any) -> None:
+    client, store, controller = world
+
+    async def one_fits(
+        cluster: ClusterRecord, config: RayClusterConfigSpec, group: str, count: int, records: ClusterRecords
+    ) -> tuple[ClusterRecord, list[int]]:
+        return launch_here(cluster, config, group, 1, records)  # a pool places as many as fit
+
+    monkeypatch.setattr(controller.provider, "launch_nodes", one_fits)
+    answer = client.post(URL, json={"type": "gpu", "count": 2}, headers=as_node())
+    assert answer.status_code == 200 and len(answer.json()["ids"]) == 1
+    [short] = [e for e in store.list_events("c") if e.reason == "InsufficientCapacity"]
+    assert "1 of 2 node(s) placed; the pool has no room for the rest now" in short.message

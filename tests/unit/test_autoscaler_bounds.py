@@ -125,7 +125,7 @@ def bounds_action(cluster_spec: RayClusterConfigSpec) -> act.UpdateAutoscaler:
     return act.UpdateAutoscaler("c", cluster_spec.model_dump_json(), "new-hash")
 
 
-def test_the_autoscaler_is_given_the_bounds_before_the_record_says_so(store: Store) -> None:
+async def test_the_autoscaler_is_given_the_bounds_before_the_record_says_so(store: Store) -> None:
     cluster, config = autoscaled_cluster()
     store.put_cluster(cluster)
     provider = FakeProvider()
@@ -138,17 +138,17 @@ def test_the_autoscaler_is_given_the_bounds_before_the_record_says_so(store: Sto
     for _ in range(2):
         tick = TickOutcome()
         with pytest.raises(StopTick):
-            bounds.update(bounds_action(wider), tick)
+            await bounds.update(bounds_action(wider), tick)
     stored = store.get_cluster("c")
     assert stored is not None and stored.cluster_spec_hash == cluster.cluster_spec_hash  # as it was
     assert provider.calls == [("update_autoscaler", "c")] * 2
     told = TickOutcome()
     with pytest.raises(StopTick):
-        bounds.update(bounds_action(wider), told)
+        await bounds.update(bounds_action(wider), told)
     assert told.events == []  # told once per cause, not once per tick
 
     provider.update_autoscaler_error = None
-    bounds.update(bounds_action(wider), TickOutcome())
+    await bounds.update(bounds_action(wider), TickOutcome())
     stored = store.get_cluster("c")
     assert stored is not None and stored.cluster_spec_hash == "new-hash"
     assert RayClusterConfigSpec.model_validate_json(stored.cluster_spec_json).workerGroups[0].maxReplicas == 5
@@ -173,13 +173,13 @@ def test_the_monitor_config_is_replaced_whole_and_private(tmp_path: Path) -> Non
     assert json.loads(path.read_text())["available_node_types"]["cpu"]["max_workers"] == 3
 
 
-def test_bounds_recorded_while_a_start_ran_are_given_again_once_it_ends(store: Store) -> None:
+async def test_bounds_recorded_while_a_start_ran_are_given_again_once_it_ends(store: Store) -> None:
     cluster, config = autoscaled_cluster()
     store.put_cluster(cluster)
     provider = FakeProvider()
     bounds = AutoscalerBounds(store, provider, FakeClock())
-    bounds.after_start(cluster)
+    await bounds.after_start(cluster)
     assert provider.calls == []  # nothing changed meanwhile
     store.update_cluster("c", cluster_spec_hash="new-hash")
-    bounds.after_start(cluster)  # the start read the record before the change
+    await bounds.after_start(cluster)  # the start read the record before the change
     assert provider.calls == [("update_autoscaler", "c")]

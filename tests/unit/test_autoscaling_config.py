@@ -94,9 +94,11 @@ def test_replicas_outside_the_bounds_are_refused_naming_the_group() -> None:
     assert "workerGroups.0" in problem and "replicas (4) must lie within minReplicas (0) and maxReplicas (3)" in problem
 
 
-def test_autoscaling_on_a_host_pool_is_refused_until_pools_place_launched_nodes() -> None:
-    problem = problems_of({"enableInTreeAutoscaling": True, "hostPool": "fleet"})
-    assert "not available on a hostPool yet" in problem
+def test_autoscaling_on_a_host_pool_is_accepted() -> None:
+    group = {"name": "cpu", "replicas": 0, "minReplicas": 0, "maxReplicas": 3}
+    spec = {"enableInTreeAutoscaling": True, "hostPool": "fleet", "workerGroups": [group]}
+    config = RayClusterConfigSpec.model_validate({"head": {"numCpus": 1}, **spec})
+    assert config.hostPool == "fleet" and config.workerGroups[0].max_nodes() == 3
 
 
 def test_bounds_or_options_without_the_autoscaler_are_refused() -> None:

@@ -2,7 +2,7 @@
 real HTTP server on loopback standing in for the controller's API: it relays Ray's launches,
 tags and terminations, reads the node list afresh each time Ray asks, sends the token of its
 file (read at each call: a rotated token is used at once), and reports a refused launch the way
-Ray's launcher expects."""
+Ray's launcher expects; over HTTP on a port and over a socket file alike."""
 
 from __future__ import annotations
 
@@ -63,10 +63,19 @@ class FakeNodesApi:
         return web.Response(status=404)
 
 
-@pytest.fixture
-async def api_and_provider(tmp_path: Path) -> Any:
+@pytest.fixture(params=["http", "unix"])
+async def api_and_provider(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    """The API on a loopback port (this machine's heads) or a socket file (a pool head's SSH forward)."""
     api = FakeNodesApi()
-    runner, url = await serve_everything(api.handle)
+    if request.param == "http":
+        runner, url = await serve_everything(api.handle)
+    else:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", api.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.UnixSite(runner, str(tmp_path / "api.sock")).start()
+        url = f"unix:{tmp_path / 'api.sock'}"
     token_file = tmp_path / "node-token"
     token_file.write_text("first\n")
     (tmp_path / "node-api-url").write_text(url + "\n")

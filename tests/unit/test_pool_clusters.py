@@ -381,6 +381,9 @@ def test_two_nodes_on_one_host_are_one_endpoint_of_the_ingress(tmp_path: Path, s
     cluster = cluster.with_changes(pool="fleet", nodes=nodes, ports=ports)
     endpoints = PoolProvider(store, tmp_path).endpoints(cluster, grpc=False)
     assert [(e.host, e.port) for e in endpoints] == [("10.0.0.11", ports.serve_http), ("10.0.0.12", ports.serve_http)]
+    # the nodes on b released by Ray's autoscaler: no proxy there any more, no endpoint
+    released = cluster.with_changes(nodes=(nodes[0], *(replace(node, stopped=True) for node in nodes[1:])))
+    assert [e.host for e in PoolProvider(store, tmp_path).endpoints(released, grpc=False)] == ["10.0.0.11"]
 
 
 # -- a silent host is not a dead one (issue 19, item 1) -------------------------------------------

@@ -107,7 +107,7 @@ class RecordingProvider:
         self._called("launch_nodes", cluster)
         return cluster, [count]
 
-    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+    async def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         self._called("update_autoscaler", cluster)
 
     async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> list[str]:
@@ -142,7 +142,7 @@ async def _every_call(router: ClusterProvider, cluster: ClusterRecord, config: R
         router.endpoints(cluster, grpc=False),
         router.headers(cluster),
     ]
-    router.update_autoscaler(cluster, config)
+    await router.update_autoscaler(cluster, config)
     launched = await router.launch_nodes(cluster, config, "w", 2, NoRecords())
     return [*answers, launched[1], await router.stop(cluster, record)]
 

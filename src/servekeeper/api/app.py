@@ -55,9 +55,7 @@ def build_app(
         secrets_dir = packages_dir.parent / "secrets"
     context = CommandContext(store, controller, packages_dir, secrets_dir)
     services, rollouts = ServiceCommands(context), RolloutCommands(context)
-    app = FastAPI(
-        title="servekeeper", version="v1alpha1", docs_url=None, redoc_url=None, responses=ERROR_RESPONSES
-    )
+    app = FastAPI(title="servekeeper", version="v1alpha1", docs_url=None, redoc_url=None, responses=ERROR_RESPONSES)
     _require_token(app, token, dashboard_open=dashboard is not None)
     add_error_handler(app)
 

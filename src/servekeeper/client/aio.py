@@ -1,8 +1,8 @@
 """The async client of the servekeeper daemon: `Client`'s methods as coroutines.
 
-    async with AsyncClient() as client:
-        await client.apply("examples/hello/service.yaml")
-        view = await client.wait("hello", timeout=300)
+async with AsyncClient() as client:
+    await client.apply("examples/hello/service.yaml")
+    view = await client.wait("hello", timeout=300)
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ from servekeeper.providers.base import ProviderError, with_nodes
 
 logger = logging.getLogger(__name__)
 
+# The first and the longest pause after a launch refused for want of room, doubling in between.
+ROOM_PAUSE_SECONDS = (2.0, 30.0)
+
 
 def node_token(secret: str, cluster: str) -> str:
     """The token that opens `cluster`'s node routes (derived from the daemon's `secret`)."""
@@ -44,11 +47,15 @@ class NodeCommands:
         self.tags: dict[tuple[str, int], dict[str, str]] = {}
         self.releasing: set[tuple[str, int]] = set()  # releases under way: not swept meanwhile
         self.refusals: dict[tuple[str, str], str] = {}  # (cluster, group) -> the refusal last told
+        # (cluster, group) -> (until when a request is refused at once, the pause that set it):
+        # Ray's monitor asks again at each update (every second), with no back-off of its own
+        self.held_back: dict[tuple[str, str], tuple[float, float]] = {}
 
     def _cluster(self, name: str) -> tuple[ClusterRecord, RayClusterConfigSpec]:
         cluster = self.store.get_cluster(name)
         if cluster is None:
             self.tags = {key: tags for key, tags in self.tags.items() if key[0] != name}
+            self.held_back = {key: held for key, held in self.held_back.items() if key[0] != name}
             raise NotFound(f"cluster {name!r} not found")
         config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
         if not config.enableInTreeAutoscaling:
@@ -92,12 +99,23 @@ class NodeCommands:
         cluster, config = self._cluster(name)
         if cluster.role == ClusterRole.DELETING:
             raise Conflict(f"cluster {name!r} is being deleted: no node is started for it")
+        key, now = (name, node_type), self.controller.clock()
+        until, pause = self.held_back.get(key, (0.0, 0.0))
+        if now < until:  # no room a moment ago: not placed again yet
+            raise Conflict(f"{self.refusals.get(key, 'no room')} (asked again within {pause:g}s; refused at once)")
         try:  # placed, with their ports, and recorded unstarted in one write (intent)
             cluster, ids = await self.controller.provider.launch_nodes(cluster, config, node_type, count, self.store)
         except (NodeRequestRefused, ProviderError) as exc:
             self._tell_refusal(cluster, node_type, exc)
+            if isinstance(exc, NodeRoomShort):
+                pause = min(max(2 * pause, ROOM_PAUSE_SECONDS[0]), ROOM_PAUSE_SECONDS[1])
+                self.held_back[key] = (self.controller.clock() + pause, pause)
             raise Conflict(str(exc)) from None
-        self.refusals.pop((name, node_type), None)
+        self.refusals.pop(key, None)
+        self.held_back.pop(key, None)
+        if len(ids) < count:
+            short = NodeRoomShort(f"{len(ids)} of {count} node(s) placed; the pool has no room for the rest now")
+            self._tell_refusal(cluster, node_type, short)
         for node_id in ids:
             self.tags[(name, node_id)] = dict(tags)
         message = f"Ray's autoscaler asked for {count} {node_type} node(s) on {name}: ids {ids}"

@@ -29,13 +29,13 @@ class AutoscalerBounds:
         self.clock = clock
         self.failures: dict[str, str] = {}  # cluster -> why its last update failed, told once
 
-    def update(self, action: act.UpdateAutoscaler, tick: TickOutcome) -> None:
+    async def update(self, action: act.UpdateAutoscaler, tick: TickOutcome) -> None:
         cluster = self.store.get_cluster(action.cluster)
         if cluster is None or cluster.role == ClusterRole.DELETING:
             return
         config = RayClusterConfigSpec.model_validate_json(action.spec_json)
         try:
-            self.provider.update_autoscaler(cluster, config)
+            await self.provider.update_autoscaler(cluster, config)
         except (OSError, ProviderError) as exc:
             message = f"Ray's autoscaler of {cluster.name} could not be given its new bounds: {exc}"
             logger.warning("[%s/%s] %s", cluster.service, cluster.name, message)
@@ -46,7 +46,7 @@ class AutoscalerBounds:
         self.failures.pop(cluster.name, None)
         self.store.update_cluster(cluster.name, cluster_spec_json=action.spec_json, cluster_spec_hash=action.spec_hash)
 
-    def after_start(self, started: ClusterRecord) -> None:
+    async def after_start(self, started: ClusterRecord) -> None:
         """The bounds recorded since `started` was read, given again: the start's head spawn may
         have written its monitor's config from the older spec."""
         current = self.store.get_cluster(started.name)
@@ -56,6 +56,6 @@ class AutoscalerBounds:
         if not config.enableInTreeAutoscaling:
             return
         try:
-            self.provider.update_autoscaler(current, config)
+            await self.provider.update_autoscaler(current, config)
         except (OSError, ProviderError) as exc:
             logger.warning("[%s/%s] the autoscaler's bounds not given again: %s", current.service, current.name, exc)

@@ -110,7 +110,7 @@ class Executor:
                     changes["package_hash"] = package_hash_of(document)  # the code Ray runs now
             self.store.update_cluster(action.cluster, **changes)
         elif isinstance(action, act.UpdateAutoscaler):
-            self.autoscaler_bounds.update(action, tick)
+            await self.autoscaler_bounds.update(action, tick)
         elif isinstance(action, act.UpdateClusters):
             with self.store.transaction():
                 for name, changes in action.changes:
@@ -227,7 +227,7 @@ class Executor:
             with contextlib.suppress(KeyError):  # whatever stops a start fails that cluster's rollout
                 self.store.update_cluster(cluster.name, failure_reason=f"StartFailed: {exc}")
         finally:
-            self.autoscaler_bounds.after_start(cluster)
+            await self.autoscaler_bounds.after_start(cluster)
 
     def _head_restarted(self, cluster: ClusterRecord) -> None:
         """The head started again in place runs (its pid recorded): its GCS store was found."""

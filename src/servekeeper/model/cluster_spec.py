@@ -280,8 +280,6 @@ class RayClusterConfigSpec(StrictModel):
 
     @model_validator(mode="after")
     def _bounds_need_the_autoscaler(self) -> RayClusterConfigSpec:
-        if self.enableInTreeAutoscaling and self.hostPool is not None:
-            raise ValueError("enableInTreeAutoscaling is not available on a hostPool yet (this machine only)")
         if self.enableInTreeAutoscaling:
             return self
         if self.autoscalerOptions is not None:

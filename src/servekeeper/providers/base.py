@@ -125,11 +125,12 @@ class ClusterProvider(Protocol):
     ) -> tuple[ClusterRecord, list[int]]:
         """`count` more worker nodes of `group` for Ray's autoscaler: placed (ports of their own;
         on a pool, a host with room) and recorded unstarted in one write (intent: the next tick
-        starts them); the record as stored, and their ids, never used before in the cluster.
+        starts them); the record as stored, and their ids, never used before in the cluster (on a
+        pool, of as many as fit, at least one: Ray asks again for the rest).
         Raises `autoscaling.NodeRequestRefused` (`NodeRoomShort`: no room now) or ProviderError."""
         ...
 
-    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+    async def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         """Give Ray's autoscaler of the cluster `config`'s bounds (its monitor re-reads its config
         at each look); raises PermanentProviderError where there is no such autoscaler."""
         ...

@@ -279,11 +279,11 @@ class LocalProvider:
     ) -> tuple[ClusterRecord, list[int]]:
         return launch_here(cluster, config, group, count, records)
 
-    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+    async def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
         """The monitor's config rewritten: it reads it again at its next look (each second)."""
         if not config.enableInTreeAutoscaling:
             raise PermanentProviderError(f"{cluster.name} runs no autoscaler to give bounds to")
-        write_autoscaling_config(cluster, config)
+        await asyncio.to_thread(write_autoscaling_config, cluster, config)
 
     async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
         """Node `index`: SIGTERM to its session while it is ours, a grace to exit, then what is

@@ -24,6 +24,11 @@ TOKEN_FILE = "node-token"
 CONFIG_FILE = "autoscaling.json"
 # How often the monitor looks (Ray's default is 5 s): Ray on Spark uses 1 s too.
 UPDATE_INTERVAL_SECONDS = 1
+# A node is "running" to the monitor once its process is, and Ray releases a running node whose
+# raylet has not reported within this time ("lost contact with raylet"). Ray's 30 s is also how
+# long a raylet may take to register on a loaded host: twice that, so that a slow start is not
+# taken for a lost node (a dead one is the controller's to find and start again).
+HEARTBEAT_TIMEOUT_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -45,11 +50,29 @@ def monitor_files(
     shutil.copyfile(MODULE_FILE, directory / MODULE_FILE.name)
     point_monitors_at(api, [cluster])
     config_file = write_autoscaling_config(cluster, config)
-    # ahead of the head's own PYTHONPATH (the spec's, else the daemon's), never instead of it
     own = config.head.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    search_path = os.pathsep.join(p for p in (str(directory), own) if p)
-    env = {"PYTHONPATH": search_path, "AUTOSCALER_UPDATE_INTERVAL_S": str(UPDATE_INTERVAL_SECONDS)}
-    return [f"--autoscaling-config={config_file}"], env
+    return [f"--autoscaling-config={config_file}"], monitor_env(str(directory), own)
+
+
+def monitor_env(directory: str, own_search_path: str) -> dict[str, str]:
+    """The head's environment for its monitor: the module's folder ahead of the head's own
+    PYTHONPATH, never instead of it."""
+    search_path = os.pathsep.join(p for p in (directory, own_search_path) if p)
+    return {
+        "PYTHONPATH": search_path,
+        "AUTOSCALER_UPDATE_INTERVAL_S": str(UPDATE_INTERVAL_SECONDS),
+        "AUTOSCALER_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_SECONDS),
+    }
+
+
+def provider_section(cluster: str, directory: str) -> dict[str, str]:
+    """What the module needs to find the node API: where its address and its token are on the head."""
+    return {
+        "module": PROVIDER_CLASS,
+        "cluster": cluster,
+        "url_file": f"{directory}/{URL_FILE}",
+        "token_file": f"{directory}/{TOKEN_FILE}",
+    }
 
 
 def write_autoscaling_config(cluster: ClusterRecord, config: RayClusterConfigSpec) -> Path:
@@ -58,12 +81,7 @@ def write_autoscaling_config(cluster: ClusterRecord, config: RayClusterConfigSpe
     it at each look, follows without a restart."""
     directory = Path(cluster.log_dir) / MONITOR_DIR
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    provider = {
-        "module": PROVIDER_CLASS,
-        "cluster": cluster.name,
-        "url_file": str(directory / URL_FILE),
-        "token_file": str(directory / TOKEN_FILE),
-    }
+    provider = provider_section(cluster.name, str(directory))
     config_file = directory / CONFIG_FILE
     _write_private(config_file, json.dumps(autoscaling_config(cluster.name, config, provider), indent=2))
     return config_file

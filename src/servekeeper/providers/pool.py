@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Coroutine, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
-from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.hostpool import HostPoolSpec, HostSpec
-from servekeeper.model.records import ClusterRecord, NodePlacement
+from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import (
     ClusterRecords,
     Liveness,
@@ -42,11 +42,13 @@ from servekeeper.providers.cluster_token import (
 from servekeeper.providers.environments import environments_of
 from servekeeper.providers.gcs_storage import GcsStorage, head_flags, node_env
 from servekeeper.providers.host_environments import HostEnvironments
+from servekeeper.providers.local_monitor import NodeApi
 from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
 from servekeeper.providers.pool_launch import launch_on_pool
 from servekeeper.providers.pool_liveness import look
+from servekeeper.providers.pool_monitor import PoolMonitors
 from servekeeper.providers.pool_moves import MOVED_FIELDS, place_move, stop_left_behind
-from servekeeper.providers.pool_nodes import stop_pool_node
+from servekeeper.providers.pool_nodes import groups_per_node, head_gcs_answers, stop_pool_node, to_the_end
 from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, place_cluster
 from servekeeper.providers.ray_start import group_args
 from servekeeper.providers.ssh import HostConnection, SshError
@@ -56,8 +58,6 @@ from servekeeper.store.store import Store
 logger = logging.getLogger(__name__)
 
 LIVENESS_CACHE_SECONDS = 2.0  # an SSH round trip per node per look is too much at 4 looks a second
-HEAD_GCS_WAIT_SECONDS = 60.0  # a head's GCS answers in a few seconds; on loaded hosts in tens
-T = TypeVar("T")
 
 
 class PoolProvider:
@@ -68,8 +68,10 @@ class PoolProvider:
         ssh_nodes: Callable[[Sequence[HostSpec]], SshNodes] = SshNodes,
         gcs_storage: GcsStorage | None = None,
         host_environments: HostEnvironments | None = None,
+        node_api: NodeApi | None = None,
     ) -> None:
         self.store = store
+        self.monitors = PoolMonitors(node_api)  # Ray's autoscaler on the heads (issue 22)
         self.host_environments = host_environments or HostEnvironments(environments_of(state_dir))
         self._ssh_nodes = ssh_nodes  # tests give a fake of the SSH side
         self.gcs_storage = gcs_storage or GcsStorage(state_dir)
@@ -193,8 +195,11 @@ class PoolProvider:
 
     def endpoints(self, cluster: ClusterRecord, grpc: bool) -> tuple[Endpoint, ...]:
         port = cluster.ports.serve_grpc if grpc else cluster.ports.serve_http
-        # Two nodes on one host share its address and Serve's one proxy port: one endpoint.
-        addresses = list(dict.fromkeys(node.address for node in cluster.nodes))
+        # Two nodes on one host share its address and Serve's one proxy port: one endpoint. A
+        # node Ray's autoscaler released has no proxy any more (its place is kept in the record).
+        addresses = list(
+            dict.fromkeys(node.address for node in cluster.nodes if not node.stopped or node.role == "head")
+        )
         # With GCS fault tolerance a head comes back, its proxy ready before it knows a replica:
         # a fallback when other nodes have proxies (see Endpoint.fallback).
         comes_back = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).gcsFaultTolerance is not None
@@ -237,15 +242,17 @@ class PoolProvider:
         ssh = self.ssh(cluster.pool)
         token = read_cluster_token(self.token_dir, cluster.name)
         nodes = list(cluster.nodes)
-        groups = _groups_per_node(config, nodes)
+        groups = groups_per_node(config, nodes)
         head_starts = nodes[0].pid is None
         storage = await self.gcs_storage.target(config, nodes[0].address, cluster.name) if head_starts else None
         own_pythons = await self.host_environments.pythons_on(ssh, [n.host for n in nodes if n.pid is None], config)
 
-        async def launch(cluster: ClusterRecord, index: int, argv: list[str], token_path: str) -> ClusterRecord:
+        async def launch(
+            cluster: ClusterRecord, index: int, argv: list[str], token_path: str, extra_env: dict[str, str]
+        ) -> ClusterRecord:
             node = nodes[index]
             role: Literal["head", "worker"] = "head" if index == 0 else "worker"
-            env = {**groups[index].env, **node_env(config, role, cluster.name, nodes[0].temp_dir, storage)}
+            env = {**groups[index].env, **extra_env, **node_env(config, role, cluster.name, nodes[0].temp_dir, storage)}
             started = await ssh.start_node(node.host, role, argv, node.temp_dir, node.ports, token_path, env)
             nodes[index] = replace(node, pid=started.pid, session_id=started.session_id)
             updated = with_nodes(cluster, nodes)
@@ -256,7 +263,7 @@ class PoolProvider:
             if node.pid is not None or node.stopped:  # running, or released by Ray's autoscaler
                 continue
             if index > 0:
-                await _head_gcs_answers(ssh, cluster)
+                await head_gcs_answers(ssh, cluster)
             # A start cut short (controller killed after the launch, before its pid was
             # recorded) may have left this node running: stop it by its tag first.
             left = await ssh.stop(remote_node(node, pid=-1, session_id=-1))
@@ -268,16 +275,21 @@ class PoolProvider:
             host = ssh.host(node.host)
             host = host.model_copy(update={"python": own_pythons.get(node.host, host.python)})  # its `ray start`'s
             resources = group_args(groups[index], node.node_id if config.enableInTreeAutoscaling else None)
+            monitor_flags: list[str] = []
+            monitor_env: dict[str, str] = {}
+            if index == 0 and config.enableInTreeAutoscaling:
+                monitor_flags, monitor_env = await self.monitors.install(ssh, cluster, config)
             if index == 0:
                 await self.gcs_storage.before_restart(ssh, node, config, storage, cluster.name)
                 ports = cluster.ports
                 head = HeadPorts(ports.gcs, ports.dashboard, ports.client_server)
-                argv = head_argv(host, node.temp_dir, head, node.ports, resources, head_flags(storage))
+                flags = [*head_flags(storage), *monitor_flags]
+                argv = head_argv(host, node.temp_dir, head, node.ports, resources, flags)
             else:
                 argv = worker_argv(host, node.temp_dir, cluster.gcs_address, node.ports, resources)
             # A delete cancels this start: a node launched is recorded before the cancel goes on,
             # so that the stop which follows the delete knows it (and stops it by its pid).
-            cluster = await _to_the_end(launch(cluster, index, argv, token_path))
+            cluster = await to_the_end(launch(cluster, index, argv, token_path, monitor_env))
 
     async def liveness(self, cluster: ClusterRecord) -> Liveness:
         """Whether the head lives, which workers do not (of those, which exited on a host that
@@ -295,7 +307,11 @@ class PoolProvider:
         except Shortfall as exc:  # the pool was deleted under it: nothing can be looked at (unknown)
             return Liveness(False, [], str(exc), head_silent=True)
         await self.gcs_storage.keep_up(cluster, RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json))
-        result, _ = await asyncio.gather(look(ssh, cluster, self.store), stop_left_behind(ssh, self.store, cluster))
+        result, *_ = await asyncio.gather(
+            look(ssh, cluster, self.store),
+            stop_left_behind(ssh, self.store, cluster),
+            self.monitors.keep_reachable(ssh, cluster),
+        )
         self._liveness[cluster.name] = (pids, now, result)
         return result
 
@@ -307,8 +323,9 @@ class PoolProvider:
             pool, ssh = self.pool(cluster.pool), self.ssh(cluster.pool)
             return await launch_on_pool(pool, ssh, cluster.name, config, group, count, records)
 
-    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
-        raise PermanentProviderError(f"{cluster.name}: Ray's autoscaler does not run on a host pool yet")
+    async def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        assert cluster.pool is not None
+        await self.monitors.update_config(self.ssh(cluster.pool), cluster, config)
 
     async def stop_node(self, cluster: ClusterRecord, index: int) -> None:
         left = await stop_pool_node(self.ssh(cluster.pool or ""), cluster.nodes[index])
@@ -339,53 +356,18 @@ class PoolProvider:
         left = await stop_left_behind(ssh, self.store, cluster)
         leftovers += [f"{node.role} node a head move left on {node.host}: not stopped yet" for node in left]
         if not leftovers:
-            for host in sorted({node.host for node in (*cluster.nodes, *cluster.left_behind)}):
+            config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
+            hosts = {node.host for node in (*cluster.nodes, *cluster.left_behind)}
+            if config.enableInTreeAutoscaling:  # a launched node may have taken a released one's place elsewhere
+                hosts |= set(ssh.host_names())
+            for host in sorted(hosts):
                 try:  # its token file and logs on the host; nothing runs there any more
                     await ssh.forget_cluster(host, cluster.name)
                 except (SshError, ProviderError) as exc:
                     logger.warning("[%s] could not remove its dir on %s: %s", cluster.name, host, exc)
             self._liveness.pop(cluster.name, None)
             self._tokens.pop(cluster.name, None)
+            self.monitors.forget(cluster.name)
             token_file(self.token_dir, cluster.name).unlink(missing_ok=True)
-            await self.gcs_storage.forget(cluster, RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json))
+            await self.gcs_storage.forget(cluster, config)
         return leftovers
-
-
-async def _head_gcs_answers(ssh: SshNodes, cluster: ClusterRecord) -> None:
-    """Workers are launched once the head's GCS answers: one started before waits for it inside
-    `ray start`, and on loaded hosts Ray's fixed 30 s wait for its raylet to register then runs
-    out while the head is still starting (the node exits, is restarted, and starves again)."""
-    head = cluster.nodes[0]
-    if not await ssh.gcs_answers(head.host, cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
-        raise RetryableProviderError(
-            f"the head's GCS on host {head.host} did not answer on port {cluster.ports.gcs} within "
-            f"{HEAD_GCS_WAIT_SECONDS:g}s; its workers are started once it does"
-        )
-
-
-async def _to_the_end(work: Coroutine[Any, Any, T]) -> T:
-    """Run `work` to its end even when the caller is cancelled meanwhile; then the cancel goes on
-    (unless `work` failed: its error is the one raised)."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.wait({task})  # never cancels `task`
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled and not task.cancelled() and task.exception() is None:
-        raise asyncio.CancelledError
-    return task.result()
-
-
-def _groups_per_node(config: RayClusterConfigSpec, nodes: Sequence[NodePlacement]) -> list[HeadGroupSpec]:
-    """Each node's group: as recorded (a node Ray's autoscaler asked for, appended or in a
-    released node's place), else by its place in the spec (older rows)."""
-    by_place: list[HeadGroupSpec] = [config.head]
-    for group in config.workerGroups:
-        by_place += [group] * group.replicas
-    named = {group.name: group for group in config.workerGroups}
-    return [
-        named[node.group] if node.role == "worker" and node.group in named else by_place[min(i, len(by_place) - 1)]
-        for i, node in enumerate(nodes)
-    ]

@@ -2,17 +2,15 @@
 pool's hosts with room once every cluster's nodes are counted (this cluster's too), away from
 the hosts this cluster already runs on while others have room (spread), on hosts that answer,
 with ports free there and held by no cluster, and the cluster's Serve proxy ports free there (a
-proxy runs on every node, on the same ports).
-
-Not reached yet: a spec refuses autoscaling on a pool until pool heads run Ray's monitor (the
-module and its config over SFTP, the node API reached from the head)."""
+proxy runs on every node, on the same ports), one node of the cluster per host for that reason.
+As many of the nodes asked for as fit are placed."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
 
-from servekeeper.core.placement import NodeNeed, free_room, group_need, nodes_taking_room, place
+from servekeeper.core.placement import HostRoom, NodeNeed, free_room, group_need, nodes_taking_room, place
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import HostPoolSpec
 from servekeeper.model.records import ClusterRecord, NodePlacement, NodePorts
@@ -54,7 +52,7 @@ async def launch_on_pool(
     added = await place_launched(pool, ssh, records.list_clusters(), cluster, config, group, ids)
     latest = _stored(records, name)
     held = replace(latest.ports, node_ports=(*latest.ports.node_ports, *(node.ports for node in added)))
-    return records.update_cluster(name, nodes=in_free_slots(latest.nodes, added), ports=held), ids
+    return records.update_cluster(name, nodes=in_free_slots(latest.nodes, added), ports=held), ids[: len(added)]
 
 
 def _stored(records: ClusterRecords, name: str) -> ClusterRecord:
@@ -73,10 +71,10 @@ async def place_launched(
     group: str,
     node_ids: list[int],
 ) -> list[NodePlacement]:
-    """A node of `group` for each of `node_ids`, placed beside every cluster in `clusters` (all
-    stored, `cluster` among them). Raises NodeRoomShort naming what is short (Ray backs off and
-    asks again), HostRefused when a host picked refuses for good, RetryableProviderError when
-    ports could not be had in time."""
+    """A node of `group` for each of `node_ids` that fits (the first ids; at least one), placed
+    beside every cluster in `clusters` (all stored, `cluster` among them). Raises NodeRoomShort
+    naming what is short when none fits (Ray asks again later), HostRefused when a host picked
+    refuses for good, RetryableProviderError when ports could not be had in time."""
     assert cluster.pool is not None
     need = group_need(config, group)
     placed: list[tuple[str, NodeNeed]] = []
@@ -85,10 +83,12 @@ async def place_launched(
             placed += [(node.host, taking) for node, taking in nodes_taking_room(other)]
     mine = frozenset(node.host for node in cluster.nodes if not node.stopped)
     rooms = host_rooms(pool)
-    left_out: dict[str, str] = {}  # host -> why no node goes there now
+    # host -> why no node goes there now. One node of a cluster per host: each node runs Serve's
+    # proxy on the cluster's ports (EveryNode), and a second on the same host could not bind them.
+    left_out = {host: f"runs a node of {cluster.name} already (one per host)" for host in mine}
     while True:
         usable = [room for room in rooms if room.name not in left_out]
-        chosen = place([need] * len(node_ids), free_room(usable, placed), avoid=mine)
+        chosen = _most_placed(need, len(node_ids), free_room(usable, placed), mine)
         if isinstance(chosen, str):
             why = "".join(f"; {host} {reason}" for host, reason in sorted(left_out.items()))
             raise NodeRoomShort(f"host pool {cluster.pool!r}: {chosen}{why}")
@@ -111,8 +111,19 @@ async def place_launched(
             group=group,
             node_id=node_id,
         )
-        for host, node_ports, node_id in zip(chosen, ports, node_ids, strict=True)
+        for host, node_ports, node_id in zip(chosen, ports, node_ids[: len(chosen)], strict=True)
     ]
+
+
+def _most_placed(need: NodeNeed, count: int, room: dict[str, HostRoom], mine: frozenset[str]) -> list[str] | str:
+    """Hosts, each a different one, for as many of `count` nodes as fit (Ray asks again for the
+    rest: refusing them all would leave the room that exists unused), or what is short."""
+    short = place([need], room, avoid=mine)
+    for fitting in range(min(count, len(room)), 0, -1):
+        chosen = place([need] * fitting, room, avoid=mine)
+        if not isinstance(chosen, str) and len(set(chosen)) == fitting:
+            return chosen
+    return short if isinstance(short, str) else f"no host without a node of the cluster has room for {need.path}"
 
 
 async def _unfit_hosts(ssh: SshNodes, cluster: ClusterRecord, hosts: list[str]) -> dict[str, str]:

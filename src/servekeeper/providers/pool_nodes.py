@@ -1,13 +1,21 @@
-"""One node of a pool cluster stopped over SSH: for a whole cluster's stop, and for a worker
-Ray's autoscaler released (issue 22)."""
+"""A pool cluster's nodes over SSH: one stopped (for a whole cluster's stop, and for a worker
+Ray's autoscaler released, issue 22), each node's group, and the waits of a start."""
 
 from __future__ import annotations
 
-from servekeeper.model.records import NodePlacement
-from servekeeper.providers.base import ProviderError
+import asyncio
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec
+from servekeeper.model.records import ClusterRecord, NodePlacement
+from servekeeper.providers.base import ProviderError, RetryableProviderError
 from servekeeper.providers.node_argv import remote_node
 from servekeeper.providers.ssh import SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
+
+HEAD_GCS_WAIT_SECONDS = 60.0  # a head's GCS answers in a few seconds; on loaded hosts in tens
+T = TypeVar("T")
 
 
 async def stop_pool_node(ssh: SshNodes, node: NodePlacement) -> list[str]:
@@ -19,3 +27,43 @@ async def stop_pool_node(ssh: SshNodes, node: NodePlacement) -> list[str]:
     except (NodeUnreachable, SshError, ProviderError) as exc:
         return [f"{node.role} node on {node.host}: {exc}"]
     return [f"{node.host}:{pid}" for pid in left]
+
+
+async def head_gcs_answers(ssh: SshNodes, cluster: ClusterRecord) -> None:
+    """Workers are launched once the head's GCS answers: one started before waits for it inside
+    `ray start`, and on loaded hosts Ray's fixed 30 s wait for its raylet to register then runs
+    out while the head is still starting (the node exits, is restarted, and starves again)."""
+    head = cluster.nodes[0]
+    if not await ssh.gcs_answers(head.host, cluster.ports.gcs, HEAD_GCS_WAIT_SECONDS):
+        raise RetryableProviderError(
+            f"the head's GCS on host {head.host} did not answer on port {cluster.ports.gcs} within "
+            f"{HEAD_GCS_WAIT_SECONDS:g}s; its workers are started once it does"
+        )
+
+
+async def to_the_end(work: Coroutine[Any, Any, T]) -> T:
+    """Run `work` to its end even when the caller is cancelled meanwhile; then the cancel goes on
+    (unless `work` failed: its error is the one raised)."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})  # never cancels `task`
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled and not task.cancelled() and task.exception() is None:
+        raise asyncio.CancelledError
+    return task.result()
+
+
+def groups_per_node(config: RayClusterConfigSpec, nodes: Sequence[NodePlacement]) -> list[HeadGroupSpec]:
+    """Each node's group: as recorded (a node Ray's autoscaler asked for, appended or in a
+    released node's place), else by its place in the spec (older rows)."""
+    by_place: list[HeadGroupSpec] = [config.head]
+    for group in config.workerGroups:
+        by_place += [group] * group.replicas
+    named = {group.name: group for group in config.workerGroups}
+    return [
+        named[node.group] if node.role == "worker" and node.group in named else by_place[min(i, len(by_place) - 1)]
+        for i, node in enumerate(nodes)
+    ]

@@ -62,8 +62,8 @@ class ProviderRouter:
     ) -> tuple[ClusterRecord, list[int]]:
         return await self._for(cluster).launch_nodes(cluster, config, group, count, records)
 
-    def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
-        self._for(cluster).update_autoscaler(cluster, config)
+    async def update_autoscaler(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> None:
+        await self._for(cluster).update_autoscaler(cluster, config)
 
     async def stop(self, cluster: ClusterRecord, record: RecordChanges | None = None) -> Sequence[int | str]:
         return await self._for(cluster).stop(cluster, record)

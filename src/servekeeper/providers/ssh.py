@@ -210,6 +210,10 @@ class HostConnection:
         object serves it): a call that still comes gets HostUnreachable. Close it after."""
         self._retired = True
 
+    async def connected(self) -> asyncssh.SSHClientConnection:
+        """The open connection (opened now if it is not), for what this class does not wrap."""
+        return await self._connect()
+
     async def _connect(self) -> asyncssh.SSHClientConnection:
         async with self._lock:
             if self._retired:

@@ -62,6 +62,9 @@ class SshNodes:
         except KeyError:
             raise ProviderError(f"host {name!r} is not in the pool") from None
 
+    def host_names(self) -> list[str]:
+        return list(self._hosts)
+
     def connection(self, name: str) -> HostConnection:
         if name not in self._connections:
             self._connections[name] = HostConnection(self.host(name))

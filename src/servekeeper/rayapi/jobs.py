@@ -35,7 +35,7 @@ def env_lines(view: dict[str, Any], role: str, state_dir: Path) -> list[str]:
     if not cluster.get("hostPool"):
         python = local_python(cluster, state_dir)
         # A cluster of its own Ray takes a driver of that Ray: its environment's python and ray first.
-        path = [f"export PATH={shlex.quote(posixpath.dirname(python))}:\"$PATH\""] if python is not None else []
+        path = [f'export PATH={shlex.quote(posixpath.dirname(python))}:"$PATH"'] if python is not None else []
         return [
             address,
             *path,

@@ -29,6 +29,7 @@ class LoadResult:
     bodies: collections.Counter[str] = field(default_factory=collections.Counter)
     timeline: list[tuple[float, str]] = field(default_factory=list)  # (time, version or failure key)
     by_method: collections.Counter[str] = field(default_factory=collections.Counter)  # ok answers: GET, POST
+    latencies: list[tuple[float, float]] = field(default_factory=list)  # (time answered, seconds) of ok answers
     # requests still in flight when stop() gave up waiting: cancelled, neither ok nor failed
     abandoned: int = 0
     # (time, seconds) of each stall of the clients' own event loop past STALL_S: a gap between
@@ -160,12 +161,15 @@ class Load:
             transport=transport, timeout=self.timeout, headers=headers, trust_env=False
         ) as client:
             while not self._stop.is_set():
+                began = time.monotonic()
                 if rng.random() < self.post_share:
                     sent = "".join(rng.choices(_BODY_ALPHABET, k=rng.randint(200, 4000)))
                     answered, label = await self._request(client, "POST", url, sent)
                 else:
                     answered, label = await self._request(client, "GET", url, None)
                 self.result.timeline.append((time.time(), label))
+                if answered:
+                    self.result.latencies.append((time.time(), time.monotonic() - began))
                 if not answered:
                     await asyncio.sleep(0.01)  # no hot loop against a refusing port
 

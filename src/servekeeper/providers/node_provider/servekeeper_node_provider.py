@@ -22,7 +22,9 @@ same address."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import threading
 import urllib.request
 from typing import Any
@@ -40,6 +42,41 @@ from ray.autoscaler.tags import (
 )
 
 REQUEST_TIMEOUT_SECONDS = 10
+UNIX_PREFIX = "unix:"  # an address that names a socket file
+
+
+class _SocketConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket (the standard library has none)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost", timeout=REQUEST_TIMEOUT_SECONDS)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(REQUEST_TIMEOUT_SECONDS)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _over_socket(path: str, method: str, route: str, data: bytes | None, headers: dict[str, str]) -> Any:
+    """One call over the socket at `path`; an OSError for any failure, as urllib raises them."""
+    connection = _SocketConnection(path)
+    try:
+        connection.request(method, route, body=data, headers=headers)
+        response = connection.getresponse()
+        payload = response.read()
+    except http.client.HTTPException as exc:
+        raise OSError(f"{method} {route}: {exc!r}") from exc
+    finally:
+        connection.close()
+    if response.status >= 400:
+        raise OSError(f"HTTP Error {response.status}: {payload[:300].decode(errors='replace')}")
+    return json.loads(payload) if payload else None
 
 
 class NodeProvider(RayNodeProvider):
@@ -56,13 +93,13 @@ class NodeProvider(RayNodeProvider):
         with open(self._token_file, encoding="utf-8") as handle:
             token = handle.read().strip()
         with open(self._url_file, encoding="utf-8") as handle:
-            url = f"{handle.read().strip().rstrip('/')}/api/v1/clusters/{self._cluster}/nodes"
-        request = urllib.request.Request(
-            url + path,
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-        )
+            address = handle.read().strip().rstrip("/")
+        route = f"/api/v1/clusters/{self._cluster}/nodes{path}"
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        if address.startswith(UNIX_PREFIX):  # a pool head: the controller's SSH forward, a socket file
+            return _over_socket(address[len(UNIX_PREFIX) :], method, route, data, headers)
+        request = urllib.request.Request(address + route, method=method, data=data, headers=headers)
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS) as response:
             payload = response.read()
         return json.loads(payload) if payload else None
