@@ -20,6 +20,7 @@ from servekeeper.model.hostpool import parse_host_pool
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers import gcs_storage
 from servekeeper.providers.gcs_storage import GcsStorage
+from servekeeper.providers.local_monitor import NodeApi
 from servekeeper.providers.redis_server import RedisTarget
 from tests.unit.ssh_fakes import pool_document
 from tests.unit.test_controller import make_spec
@@ -31,15 +32,21 @@ __all__ = ["world"]  # the fixture, shared
 MOVE_AFTER = 5.0
 
 
-def moving_spec(backend: str = "redis", head_host: str | None = None, **fault_tolerance: Any) -> Any:
+def moving_spec(
+    backend: str = "redis", head_host: str | None = None, autoscaled: bool = False, **fault_tolerance: Any
+) -> Any:
     settings: dict[str, Any] = {"backend": backend, **fault_tolerance}
     if backend == "redis":
         settings.setdefault("headMoveAfterSeconds", MOVE_AFTER)
+    group: dict[str, Any] = {"name": "w", "replicas": 2, "numCpus": 2}
+    if autoscaled:
+        group.update(minReplicas=0, maxReplicas=4)
     shape = {
         "hostPool": "fleet",
         "head": {"numCpus": 1, "host": head_host},
-        "workerGroups": [{"name": "w", "replicas": 2, "numCpus": 2}],
+        "workerGroups": [group],
         "gcsFaultTolerance": settings,
+        "enableInTreeAutoscaling": autoscaled,
     }
     return make_spec(rayClusterConfig=shape)
 
@@ -237,3 +244,23 @@ async def test_the_heads_proxy_is_a_fallback_only_on_a_cluster_whose_head_comes_
     endpoints = world.pools.endpoints(plain, grpc=True)
     assert len(endpoints) == 3 and not any(e.fallback for e in endpoints), "a dead head is replaced, never back"
     assert {e.port for e in endpoints} == {plain.ports.serve_grpc}
+
+
+async def test_an_autoscaled_head_moves_to_a_host_without_a_node_of_its_cluster(
+    world: PoolWorld, tmp_path: Path
+) -> None:
+    """Each node of an autoscaled pool cluster runs Serve's proxy on the cluster's ports: the head
+    moves to a host none of its nodes is on, and a node Ray asked for (beyond the count the spec
+    starts with) takes its group's room there."""
+    world.pools.monitors.node_api = NodeApi("http://127.0.0.1:8765", "secret")
+    before = await _running(world, tmp_path, moving_spec(autoscaled=True), hosts="abcde")
+    config = RayClusterConfigSpec.model_validate_json(before.cluster_spec_json)
+    grown, [launched] = await world.pools.launch_nodes(before, config, "w", 1, world.store)
+    await world.tick()  # the node Ray asked for is started
+    await world.background_settled()
+    hosts = [node.host for node in world.cluster(before.name).nodes]
+    assert len(set(hosts)) == 4 and [n.node_id for n in grown.nodes][-1] == launched
+    await _silent_for(world, hosts[0], MOVE_AFTER)
+    moved = world.cluster(before.name)
+    (free,) = set("abcde") - set(hosts)
+    assert moved.nodes[0].host == free and moved.nodes[0].pid is not None, "the one host without a node of it"

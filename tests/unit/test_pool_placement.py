@@ -170,6 +170,37 @@ def test_a_placement_is_found_whenever_one_exists_and_never_overfills(
         assert len(placed) == len(needs) and fits(pool, needs, placed)
 
 
+@settings(max_examples=200, deadline=None)
+@given(pools_and_needs())
+def test_one_node_per_host_is_found_whenever_it_exists(case: tuple[dict[str, HostRoom], list[NodeNeed]]) -> None:
+    pool, needs = case
+    exists = any(
+        len(set(hosts)) == len(hosts) and fits(pool, needs, hosts)
+        for hosts in itertools.permutations(sorted(pool), len(needs))
+    )
+    placed = place(needs, pool, one_per_host=True)
+    if isinstance(placed, str):
+        assert not exists, f"a placement exists, place() said: {placed}"
+    else:
+        assert len(set(placed)) == len(needs) and fits(pool, needs, placed)
+
+
+def test_an_autoscaled_pool_cluster_gets_a_host_per_node() -> None:
+    """Each node runs Serve's proxy on the cluster's ports: two on one host could not both bind them."""
+    shape = config(
+        head={"numCpus": 1},
+        enableInTreeAutoscaling=True,
+        workerGroups=[{"name": "w", "replicas": 3, "minReplicas": 0, "maxReplicas": 4, "numCpus": 1}],
+    )
+    short = place(node_needs(shape), FLEET, one_per_host=True)
+    assert isinstance(short, str) and "(a, b, c run a node of it already: one per host)" in short
+    assert place(node_needs(shape), FLEET) == ["a", "b", "c", "a"]  # without the rule: two on a
+    # the greedy pass takes the roomiest host first; only the search finds the 2-CPU node a host
+    big_small = rooms(("a", 2, 0, 8), ("b", 1, 0, 8))
+    needs = [NodeNeed("x", "worker", 1, 0, 0, None), NodeNeed("y", "worker", 2, 0, 0, None)]
+    assert place(needs, big_small, one_per_host=True) == ["b", "a"]
+
+
 def test_a_host_without_a_pool_is_refused_by_field() -> None:
     document = {
         "apiVersion": "servekeeper/v1alpha1",

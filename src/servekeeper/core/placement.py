@@ -106,24 +106,28 @@ def group_need(config: RayClusterConfigSpec, group_name: str) -> NodeNeed:
     raise KeyError(group_name)
 
 
-def nodes_taking_room(cluster: ClusterRecord) -> list[tuple[NodePlacement, NodeNeed]]:
-    """A pool cluster's nodes that take room on their hosts, each with what it needs: every node
-    placed (pending, running, draining, being deleted) until it is stopped for sure. A worker
-    that knows its group needs what that group asks (Ray's autoscaler's nodes are appended, or
+def needs_by_place(cluster: ClusterRecord) -> dict[int, NodeNeed]:
+    """What each node of a pool cluster needs, by its place in `nodes` (stopped ones too): a
+    worker that knows its group, what that group asks (Ray's autoscaler's nodes are appended, or
     put in a released node's place); one that does not (older rows), what its place asks."""
-    if not cluster.nodes:
-        return []
     config = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
     needs = node_needs(config)
-    taking = []
+    found = {}
     for index, node in enumerate(cluster.nodes):
-        if node.stopped:
-            continue
         if node.role == "worker" and node.group is not None:
-            taking.append((node, group_need(config, node.group)))
+            found[index] = group_need(config, node.group)
         elif index < len(needs):
-            taking.append((node, needs[index]))
-    return taking
+            found[index] = needs[index]
+    return found
+
+
+def nodes_taking_room(cluster: ClusterRecord) -> list[tuple[NodePlacement, NodeNeed]]:
+    """A pool cluster's nodes that take room on their hosts, each with what it needs: every node
+    placed (pending, running, draining, being deleted) until it is stopped for sure."""
+    if not cluster.nodes:
+        return []
+    needs = needs_by_place(cluster)
+    return [(node, needs[i]) for i, node in enumerate(cluster.nodes) if not node.stopped and i in needs]
 
 
 def free_room(hosts: list[HostRoom], placed: list[tuple[str, NodeNeed]]) -> dict[str, HostRoom]:
@@ -146,7 +150,9 @@ SEARCH_MAX_NODES = 256
 _SLACK = 1e-9  # float sums: the room kept for later pinned nodes is never judged short by a rounding
 
 
-def place(needs: list[NodeNeed], room: dict[str, HostRoom], avoid: frozenset[str] = frozenset()) -> list[str] | str:
+def place(
+    needs: list[NodeNeed], room: dict[str, HostRoom], avoid: frozenset[str] = frozenset(), one_per_host: bool = False
+) -> list[str] | str:
     """A host per node, spread (each node goes where this cluster has the fewest nodes so far,
     then where most CPU is free), or what is short, for `InsufficientCapacity`. Among hosts where
     this cluster has as many nodes, those in `avoid` (the service's other clusters run there) come
@@ -156,23 +162,31 @@ def place(needs: list[NodeNeed], room: dict[str, HostRoom], avoid: frozenset[str
     When the greedy pass in the nodes' order places every node, that is the answer. When it
     does not (a node took the room a later one needed: an unpinned head on the host a worker is
     pinned to), a search over hosts finds a placement whenever one exists (within SEARCH_TRIES),
-    still preferring hosts the same way; the shortfall named is still the greedy pass's."""
-    greedy = _place_greedily(needs, room, avoid)
+    still preferring hosts the same way; the shortfall named is still the greedy pass's.
+
+    With `one_per_host`, no two of the nodes share a host (an autoscaled pool cluster: each node
+    runs Serve's proxy on the cluster's ports)."""
+    greedy = _place_greedily(needs, room, avoid, one_per_host)
     if not isinstance(greedy, str) or len(needs) > SEARCH_MAX_NODES:
         return greedy
-    found = _Search(needs, room, avoid).run()
+    found = _Search(needs, room, avoid, one_per_host).run()
     return greedy if found is None else found
 
 
-def _place_greedily(needs: list[NodeNeed], room: dict[str, HostRoom], avoid: frozenset[str]) -> list[str] | str:
+def _place_greedily(
+    needs: list[NodeNeed], room: dict[str, HostRoom], avoid: frozenset[str], one_per_host: bool
+) -> list[str] | str:
     room = dict(room)
     mine: dict[str, int] = dict.fromkeys(room, 0)
     chosen = []
     for index, need in enumerate(needs):
         candidates = [need.pinned] if need.pinned is not None else sorted(room)
         fitting = [name for name in candidates if name in room and _fits(room[name], need)]
+        taken = [name for name in fitting if one_per_host and mine[name]]
+        fitting = [name for name in fitting if name not in taken]
         if not fitting:
-            return _shortfall(index, need, room)
+            used = f" ({', '.join(taken)} run a node of it already: one per host)" if taken else ""
+            return _shortfall(index, need, room) + used
         best = min(fitting, key=lambda name: (mine[name], name in avoid, -room[name].cpus, name))
         room[best] = _minus(room[best], need)
         mine[best] += 1
@@ -181,6 +195,8 @@ def _place_greedily(needs: list[NodeNeed], room: dict[str, HostRoom], avoid: fro
 
 
 _Amounts = tuple[float, float, int]  # cpus, gpus, memory bytes
+# the next node, then each host's room and whether this cluster has a node there already
+_SearchState = tuple[int, tuple[tuple[_Amounts, bool], ...], tuple[tuple[_Amounts, bool], ...]]
 
 
 class _Search:
@@ -191,8 +207,11 @@ class _Search:
     of them is tried, and a state (next node, the rooms) found to lead nowhere is not explored
     again in another order or on another such host. The answer is in the nodes' own order."""
 
-    def __init__(self, needs: list[NodeNeed], room: dict[str, HostRoom], avoid: frozenset[str]) -> None:
+    def __init__(
+        self, needs: list[NodeNeed], room: dict[str, HostRoom], avoid: frozenset[str], one_per_host: bool
+    ) -> None:
         self.avoid = avoid
+        self.one_per_host = one_per_host
         self.order = sorted(
             range(len(needs)),
             key=lambda i: (needs[i].pinned is None, -needs[i].gpus, -needs[i].cpus, -needs[i].memory_bytes, i),
@@ -202,7 +221,7 @@ class _Search:
         self.mine: dict[str, int] = dict.fromkeys(room, 0)
         self.hosts = sorted(room)
         self.tries_left = SEARCH_TRIES
-        self.dead_ends: set[tuple[int, tuple[_Amounts, ...], tuple[_Amounts, ...]]] = set()
+        self.dead_ends: set[_SearchState] = set()
         # kept[index][host]: what the nodes from `index` on that are pinned to the host need
         self.kept: list[dict[str, _Amounts]] = [{}]
         for need in reversed(self.needs):
@@ -235,6 +254,8 @@ class _Search:
         for name, kept in self.kept[0].items():
             if name not in self.room or any(k > r + _SLACK for k, r in zip(kept, self.room[name], strict=True)):
                 return True
+        if self.one_per_host and len(self.needs) > len(self.room):
+            return True
         return any(not any(_leaves(self.room[name], need, None) for name in self._allowed(need)) for need in self.needs)
 
     def _allowed(self, need: NodeNeed) -> list[str]:
@@ -263,19 +284,25 @@ class _Search:
         self.dead_ends.add(state)
         return False
 
-    def _state(self, index: int) -> tuple[int, tuple[_Amounts, ...], tuple[_Amounts, ...]]:
+    def _state(self, index: int) -> _SearchState:
         """What decides whether the nodes from `index` on fit: the room of each host a later
-        node is pinned to, and the rooms of the others as a multiset."""
+        node is pinned to, and the rooms of the others as a multiset (with one node per host,
+        each room with whether a node took that host already)."""
         pinned = self.kept[index]
+
+        def held(name: str) -> tuple[_Amounts, bool]:
+            return self.room[name], self.one_per_host and self.mine[name] > 0
+
         return (
             index,
-            tuple(self.room[name] for name in self.hosts if name in pinned),
-            tuple(sorted(self.room[name] for name in self.hosts if name not in pinned)),
+            tuple(held(name) for name in self.hosts if name in pinned),
+            tuple(sorted(held(name) for name in self.hosts if name not in pinned)),
         )
 
     def _candidates(self, index: int, need: NodeNeed) -> list[str]:
         kept = self.kept[index + 1]
         fitting = [name for name in self._allowed(need) if _leaves(self.room[name], need, kept.get(name))]
+        fitting = [name for name in fitting if not (self.one_per_host and self.mine[name])]
         fitting.sort(key=lambda name: (self.mine[name], name in self.avoid, -self.room[name][0], name))
         alike: set[_Amounts] = set()  # rooms of interchangeable hosts already among the candidates
         candidates = []

@@ -120,8 +120,8 @@ def _most_placed(need: NodeNeed, count: int, room: dict[str, HostRoom], mine: fr
     rest: refusing them all would leave the room that exists unused), or what is short."""
     short = place([need], room, avoid=mine)
     for fitting in range(min(count, len(room)), 0, -1):
-        chosen = place([need] * fitting, room, avoid=mine)
-        if not isinstance(chosen, str) and len(set(chosen)) == fitting:
+        chosen = place([need] * fitting, room, avoid=mine, one_per_host=True)
+        if not isinstance(chosen, str):
             return chosen
     return short if isinstance(short, str) else f"no host without a node of the cluster has room for {need.path}"
 

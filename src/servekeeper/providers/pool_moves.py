@@ -15,7 +15,7 @@ import asyncio
 import logging
 from dataclasses import replace
 
-from servekeeper.core.placement import free_room, node_needs, nodes_taking_room, place
+from servekeeper.core.placement import free_room, needs_by_place, nodes_taking_room, place
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import HostPoolSpec
 from servekeeper.model.records import ClusterPorts, ClusterRecord, NodePlacement, NodePorts
@@ -50,15 +50,18 @@ async def place_move(
     if silent not in await unreachable_hosts(ssh, [silent]):
         raise RetryableProviderError(f"host {silent} answers again: the head is not moved")
     moving = [i for i, node in enumerate(cluster.nodes) if node.host == silent and not node.stopped]
-    needs = node_needs(config)
+    needs = needs_by_place(cluster)  # a node Ray's autoscaler asked for needs its group's
     placed = [
         (node.host, need)
         for other in others
         if other.pool == cluster.pool and other.name != cluster.name
         for node, need in nodes_taking_room(other)
     ]
-    placed += [(node.host, needs[i]) for i, node in enumerate(cluster.nodes) if i not in moving and not node.stopped]
+    staying = [(node.host, needs[i]) for i, node in enumerate(cluster.nodes) if i not in moving and not node.stopped]
+    placed += staying
     rooms = [room for room in host_rooms(pool) if room.name != silent]
+    if config.enableInTreeAutoscaling:  # one node of it per host (each runs Serve's proxy on its ports)
+        rooms = [room for room in rooms if room.name not in {host for host, _ in staying}]
     wanted = [needs[i] for i in moving]
     # Away from the service's other clusters (a hot standby) where there is a choice.
     avoid = frozenset(
@@ -67,13 +70,13 @@ async def place_move(
         if other.pool == cluster.pool and other.service == cluster.service and other.name != cluster.name
         for node in other.nodes
     )
-    chosen = place(wanted, free_room(rooms, placed), avoid)
+    chosen = place(wanted, free_room(rooms, placed), avoid, config.enableInTreeAutoscaling)
     unreachable: set[str] = set()
     if not isinstance(chosen, str):
         unreachable = await unreachable_hosts(ssh, sorted(set(chosen)))
         if unreachable:
             rooms = [room for room in rooms if room.name not in unreachable]
-            chosen = place(wanted, free_room(rooms, placed), avoid)
+            chosen = place(wanted, free_room(rooms, placed), avoid, config.enableInTreeAutoscaling)
     if isinstance(chosen, str):
         lost = f", unreachable: {sorted(unreachable)}" if unreachable else ""
         raise Shortfall(f"no host of pool {cluster.pool!r} can take the nodes on silent host {silent}: {chosen}{lost}")

@@ -76,7 +76,7 @@ async def place_cluster(
             if other.service == draft.service and other.name != draft.name:
                 siblings.update(node.host for node, _ in taking)
     avoid = frozenset(siblings)
-    chosen = place(node_needs(config), free_room(rooms, placed), avoid)
+    chosen = place(node_needs(config), free_room(rooms, placed), avoid, config.enableInTreeAutoscaling)
     unreachable: set[str] = set()
     lacking: set[str] = set()
     if not isinstance(chosen, str):
@@ -86,7 +86,7 @@ async def place_cluster(
         lacking = await hosts_without_python(ssh, sorted(set(chosen) - unreachable), config)
         if unreachable or lacking:
             rooms = [room for room in rooms if room.name not in unreachable | lacking]
-            chosen = place(node_needs(config), free_room(rooms, placed), avoid)
+            chosen = place(node_needs(config), free_room(rooms, placed), avoid, config.enableInTreeAutoscaling)
     if isinstance(chosen, str):
         if lacking:  # no wait mends it: a host gets an interpreter by hand
             python = f"Python {own_python_of(config)}"
