@@ -31,6 +31,9 @@ class ProcessInfo:
     admin_port: int
 
 
+START_TIME_SLACK_SECONDS = 2.0
+
+
 @dataclass
 class EnvoyProcess:
     index: int
@@ -53,9 +56,12 @@ class EnvoyProcess:
         try:
             process = psutil.Process(self.pid)
             # A pid can be reused: the start time and the bootstrap path tell our process apart.
+            # The start time is read against the kernel's boot time (/proc/stat btime), which
+            # moves by a second now and then: a stricter match took a live Envoy for dead, and a
+            # second one was started beside it (seen in CI, left running at the daemon's stop).
             return (
                 process.status() != psutil.STATUS_ZOMBIE
-                and abs(process.create_time() - self.create_time) < 0.5
+                and abs(process.create_time() - self.create_time) < START_TIME_SLACK_SECONDS
                 and self.bootstrap in process.cmdline()
             )
         except psutil.Error:
