@@ -170,7 +170,9 @@ def _providers(store: Store, state_dir: Path, hooks: Hooks, node_api: NodeApi) -
     """Built once: each cluster goes to this machine's provider or its host pool's; both find a
     cluster's own environment under one state dir."""
     environments = environments_of(state_dir)
-    pool = PoolProvider(store, state_dir, host_environments=HostEnvironments(environments), node_api=node_api)
+    pool = PoolProvider(
+        store, state_dir, host_environments=HostEnvironments(environments), node_api=node_api, hooks=hooks
+    )
     return ProviderRouter(LocalProvider(hooks, environments, node_api), pool)
 
 

@@ -234,6 +234,13 @@ class FakeSshNodes(SshNodes):
             raise NodeUnreachable(node.host, f"cannot tell whether pid {node.pid} lives: timed out")
         return node.temp_dir in self.fleet.running
 
+    async def unrecorded_leader(self, host: str, temp_dir: str) -> int | None:
+        self.fleet.calls.append(("leader", temp_dir))
+        if host in self.fleet.silent:
+            raise NodeUnreachable(host, "cannot look for an unrecorded node: timed out")
+        running = self.fleet.running.get(temp_dir)
+        return None if running is None else running.pid
+
     async def last_lines(self, node: RemoteNode, hide: Collection[str] = (), timeout: float | None = None) -> str:
         if node.host in self.fleet.silent:
             raise NodeUnreachable(node.host, f"cannot read the log of pid {node.pid}: timed out")

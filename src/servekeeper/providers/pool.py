@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
+from servekeeper.core.hooks import Hooks
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.endpoint import Endpoint
 from servekeeper.model.hostpool import HostPoolSpec, HostSpec
@@ -43,12 +44,18 @@ from servekeeper.providers.environments import environments_of
 from servekeeper.providers.gcs_storage import GcsStorage, head_flags, node_env
 from servekeeper.providers.host_environments import HostEnvironments
 from servekeeper.providers.local_monitor import NodeApi
-from servekeeper.providers.node_argv import HeadPorts, head_argv, remote_node, worker_argv
+from servekeeper.providers.node_argv import HeadPorts, head_argv, worker_argv
 from servekeeper.providers.pool_launch import launch_on_pool
 from servekeeper.providers.pool_liveness import look
 from servekeeper.providers.pool_monitor import PoolMonitors
 from servekeeper.providers.pool_moves import MOVED_FIELDS, place_move, stop_left_behind
-from servekeeper.providers.pool_nodes import groups_per_node, head_gcs_answers, stop_pool_node, to_the_end
+from servekeeper.providers.pool_nodes import (
+    adopt_or_clear,
+    groups_per_node,
+    head_gcs_answers,
+    stop_pool_node,
+    to_the_end,
+)
 from servekeeper.providers.pool_placement import Shortfall, check_pool_kept, place_cluster
 from servekeeper.providers.ray_start import group_args
 from servekeeper.providers.ssh import HostConnection, SshError
@@ -69,8 +76,10 @@ class PoolProvider:
         gcs_storage: GcsStorage | None = None,
         host_environments: HostEnvironments | None = None,
         node_api: NodeApi | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.store = store
+        self.hooks = hooks or Hooks()  # faults that tests inject (core/hooks.py); none in production
         self.monitors = PoolMonitors(node_api)  # Ray's autoscaler on the heads (issue 22)
         self.host_environments = host_environments or HostEnvironments(environments_of(state_dir))
         self._ssh_nodes = ssh_nodes  # tests give a fake of the SSH side
@@ -254,6 +263,8 @@ class PoolProvider:
             role: Literal["head", "worker"] = "head" if index == 0 else "worker"
             env = {**groups[index].env, **extra_env, **node_env(config, role, cluster.name, nodes[0].temp_dir, storage)}
             started = await ssh.start_node(node.host, role, argv, node.temp_dir, node.ports, token_path, env)
+            if cluster.ready_at is not None:  # a node added to a running cluster
+                self.hooks.reached("node-spawned", cluster)
             nodes[index] = replace(node, pid=started.pid, session_id=started.session_id)
             updated = with_nodes(cluster, nodes)
             record(nodes=updated.nodes)  # the controller writes only this start's nodes into the record
@@ -265,12 +276,14 @@ class PoolProvider:
             if index > 0:
                 await head_gcs_answers(ssh, cluster)
             # A start cut short (controller killed after the launch, before its pid was
-            # recorded) may have left this node running: stop it by its tag first.
-            left = await ssh.stop(remote_node(node, pid=-1, session_id=-1))
-            if left:  # never a second node beside the first (for a head: its ports, its GCS store)
-                raise RetryableProviderError(
-                    f"processes {left} of the {node.role} node on host {node.host} did not stop; not starting it again"
-                )
+            # recorded) may have left this node running: adopted (a worker of a head that runs
+            # on), else stopped by its tag.
+            adopted = await adopt_or_clear(ssh, node, adopt=index > 0 and not head_starts)
+            if adopted is not None:
+                nodes[index] = adopted
+                cluster = with_nodes(cluster, nodes)
+                record(nodes=cluster.nodes)
+                continue
             token_path = await ssh.install_token(node.host, cluster.name, token)
             host = ssh.host(node.host)
             host = host.model_copy(update={"python": own_pythons.get(node.host, host.python)})  # its `ray start`'s

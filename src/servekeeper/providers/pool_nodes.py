@@ -4,7 +4,9 @@ Ray's autoscaler released, issue 22), each node's group, and the waits of a star
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from servekeeper.model.cluster_spec import HeadGroupSpec, RayClusterConfigSpec
@@ -13,6 +15,8 @@ from servekeeper.providers.base import ProviderError, RetryableProviderError
 from servekeeper.providers.node_argv import remote_node
 from servekeeper.providers.ssh import SshError
 from servekeeper.providers.ssh_nodes import NodeUnreachable, SshNodes
+
+logger = logging.getLogger(__name__)
 
 HEAD_GCS_WAIT_SECONDS = 60.0  # a head's GCS answers in a few seconds; on loaded hosts in tens
 T = TypeVar("T")
@@ -27,6 +31,24 @@ async def stop_pool_node(ssh: SshNodes, node: NodePlacement) -> list[str]:
     except (NodeUnreachable, SshError, ProviderError) as exc:
         return [f"{node.role} node on {node.host}: {exc}"]
     return [f"{node.host}:{pid}" for pid in left]
+
+
+async def adopt_or_clear(ssh: SshNodes, node: NodePlacement, adopt: bool) -> NodePlacement | None:
+    """Before `node` is started: with `adopt`, a worker that a dead controller launched and never
+    recorded is adopted (returned with its pid): Ray knows it already, and stopping it would make
+    Ray ask for another. Otherwise what a start cut short left of it is stopped by its tag: never
+    a second node beside the first (for a head: its ports, its GCS store). None: start it."""
+    if adopt:
+        pid = await ssh.unrecorded_leader(node.host, node.temp_dir)
+        if pid is not None:
+            logger.info("[%s] worker node on %s runs unrecorded (pid %d): adopted", node.temp_dir, node.host, pid)
+            return replace(node, pid=pid, session_id=pid)
+    left = await ssh.stop(remote_node(node, pid=-1, session_id=-1))
+    if left:
+        raise RetryableProviderError(
+            f"processes {left} of the {node.role} node on host {node.host} did not stop; not starting it again"
+        )
+    return None
 
 
 async def head_gcs_answers(ssh: SshNodes, cluster: ClusterRecord) -> None:

@@ -258,6 +258,12 @@ class SshNodes:
             raise
         return bool(answer["alive"])
 
+    async def unrecorded_leader(self, host: str, temp_dir: str) -> int | None:
+        """The `ray start` of the node of `temp_dir` on `host` if it runs though its launch was
+        never recorded (a controller killed in between); it leads its own session."""
+        answer = await self._call(host, "leader", {"marker": temp_dir}, quick=True)
+        return None if answer["pid"] is None else int(answer["pid"])
+
     async def last_lines(self, node: RemoteNode, hide: Collection[str] = (), timeout: float | None = None) -> str:
         """The last lines of the node's log (why it exited), bounded, `hide` blanked out
         (`node_log.last_lines`). Raises NodeUnreachable if its host does not answer."""

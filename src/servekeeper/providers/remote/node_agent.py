@@ -1,9 +1,9 @@
 """The node agent: starts, watches and stops Ray nodes on a pool host, for servekeeper's SSH side.
 
 servekeeper sends this file as text and runs it with the host's python (`python -c <source>
-COMMAND`): the request is JSON on stdin, the answer one JSON line on stdout. Commands: prepare,
-launch, alive, tail, stop, forget, ports, free, hashes, interpreters. It must run on a bare host Python (3.10 or newer)
-with the standard library only, and it reads Linux's /proc itself: no psutil, no servekeeper.
+COMMAND`): the request is JSON on stdin, the answer one JSON line on stdout (the commands are in
+COMMANDS below). It runs on a bare host Python (3.10 or newer) with the standard library only,
+and reads Linux's /proc itself: no psutil, no servekeeper.
 
 A node is found again by its session (the `ray start` launched here leads one of its own) and
 by its tag: every process of a node inherits `SERVEKEEPER_NODE=<temp dir>` in its environment.
@@ -15,6 +15,7 @@ that led their session (a raylet that lost its GCS exits, its agent may not).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,19 +37,17 @@ Answer = dict[str, Any]
 
 
 class UnsafePath(OSError):
-    """A directory we would create or reuse that another user could control. An OSError, as a
-    directory that cannot be made is: a caller that handles one (a start that fails) handles both."""
+    """A directory we would create or reuse that another user could control (an OSError)."""
 
 
 # -- private directories -------------------------------------------------------------------------------
 
 
 def private_dir(path: str) -> None:
-    """Make `path` (0700) and its missing parents, checking every component on the way: a
-    component is ours (not a symlink, not writable by group or others), or a system directory
-    owned by root that others cannot rename entries in (root's, or world-writable with the
-    sticky bit, as /tmp). Below the first component of ours, everything must be ours: another
-    user of a shared /tmp could have pre-created a directory or planted a symlink."""
+    """Make `path` (0700) and its missing parents, checking every component: ours (no symlink, not
+    writable by group or others), or a system directory others cannot rename entries in (root's,
+    or sticky as /tmp). Below the first of ours, everything must be ours: another user of a shared
+    /tmp could have pre-created a directory or planted a symlink."""
     if not os.path.isabs(path):
         raise UnsafePath(f"{path} is not an absolute path")
     current = "/"
@@ -116,8 +115,8 @@ def tagged(pid: int | str, marker: str) -> bool:
 
 
 def holds_files_under(pid: int | str, directory: str) -> bool:
-    """Does the process hold a file open under `directory` (a node's temp dir: its logs)? The
-    kernel names each file by its resolved path: a work dir reached through a symlink counts too."""
+    """Does the process hold a file open under `directory` (a node's temp dir: its logs)? By the
+    resolved path too, as the kernel names it (a work dir reached through a symlink)."""
     prefixes = tuple({directory.rstrip("/") + "/", os.path.realpath(directory).rstrip("/") + "/"})
     try:
         descriptors = os.listdir(f"/proc/{pid}/fd")
@@ -161,10 +160,8 @@ def is_node(pid: int, marker: str) -> bool:
 
 def members(sid: int, marker: str) -> list[int]:
     """The node's live processes: those in session `sid`, and those that carry its tag (or,
-    renamed by Ray, hold its files).
-
-    The session counts only while it is provably the node's (its leader is our `ray start`, or
-    a member carries our tag): a session id is a pid, and pids are reused."""
+    renamed by Ray, hold its files). The session counts only while it is provably the node's (its
+    leader is our `ray start`, or a member carries our tag): a session id is a pid, and pids are reused."""
     in_session: list[int] = []
     by_tag: list[int] = []
     for entry in os.listdir("/proc"):
@@ -187,10 +184,8 @@ def members(sid: int, marker: str) -> list[int]:
 
 def signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def wait_gone(sid: int, marker: str, seconds: float) -> list[int]:
@@ -249,6 +244,14 @@ def alive(request: Request) -> Answer:
     }
 
 
+def leader(request: Request) -> Answer:
+    """The node's `ray start` (tagged, leading its own session) whose launch was never recorded
+    (a controller killed in between): adopted rather than started again."""
+    marker = request["marker"]
+    found = [int(e) for e in os.listdir("/proc") if e.isdigit() and stat_of(e)[1] == int(e) and tagged(e, marker)]
+    return {"pid": next((pid for pid in found if is_node(pid, marker)), None)}
+
+
 def gcs_kept(request: Request) -> Answer:
     """Does a head's GCS storage still hold a session (Ray writes its name there at the first
     start)? A host that rebooted with its /tmp wiped answers no: the head must not be started
@@ -257,15 +260,13 @@ def gcs_kept(request: Request) -> Answer:
 
 
 def tail(request: Request) -> Answer:
-    """The end of a node's log (what it said before it exited): its last `bytes` bytes, never
-    through a symlink."""
+    """The last `bytes` bytes of a node's log (what it said before it exited), never through a symlink."""
     try:
         descriptor = os.open(request["log"], os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
         return {"tail": "", "error": f"{request['log']}: {exc.strerror}"}
     with os.fdopen(descriptor, "rb") as log:
-        size = log.seek(0, os.SEEK_END)
-        log.seek(max(0, size - int(request["bytes"])))
+        log.seek(max(0, log.seek(0, os.SEEK_END) - int(request["bytes"])))
         return {"tail": log.read().decode(errors="replace")}
 
 
@@ -275,10 +276,8 @@ def stop(request: Request) -> Answer:
     sid, marker = request["sid"], request["marker"]
     found = members(sid, marker)
     if is_node(sid, marker):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(sid, signal.SIGTERM)  # `ray start` and the system processes in its group
-        except (ProcessLookupError, PermissionError):
-            pass
     else:
         signal_all(found, signal.SIGTERM)
     still = wait_gone(sid, marker, request["term_grace"]) if found else []
@@ -290,8 +289,7 @@ def stop(request: Request) -> Answer:
 
 
 def forget(request: Request) -> Answer:
-    """Remove a cluster's dir on the host (token, logs), once all its nodes there are stopped;
-    only a dir directly under the work dir."""
+    """Remove a cluster's dir (token, logs) directly under the work dir, its nodes there stopped."""
     directory = request["dir"]
     if os.path.dirname(directory.rstrip("/")) == request["work_dir"].rstrip("/"):
         shutil.rmtree(directory, ignore_errors=True)
@@ -319,12 +317,12 @@ def ports(request: Request) -> Answer:
 
 
 def free_ports(request: Request) -> Answer:
-    return {"free": [port for port in request["candidates"] if free(port)]}
+    return {"free": list(filter(free, request["candidates"]))}
 
 
 def hashes(request: Request) -> Answer:
-    """The files of `dir` (made 0700 if missing) and their sha256: what the host already has of
-    an environment's wheels. Partial copies (`*.tmp`) are left out."""
+    """The files of `dir` (made 0700 if missing) and their sha256, partial copies (`*.tmp`) left
+    out: what the host already has of an environment's wheels."""
     directory = request["dir"]
     private_dir(directory)
     found = {}
@@ -362,6 +360,7 @@ COMMANDS: dict[str, Callable[[Request], Answer]] = {
     "prepare": prepare,
     "launch": launch,
     "alive": alive,
+    "leader": leader,
     "gcs_kept": gcs_kept,
     "tail": tail,
     "stop": stop,
