@@ -2,7 +2,8 @@
 monitor, which asks servekeeper's node API for worker nodes; servekeeper records and starts them
 like any node, and stops the ones Ray releases. A cluster that starts with no worker gets ready
 only once Ray asked for the node its replica needs; more replicas get more nodes, up to
-maxReplicas; an upgrade at peak starts the new cluster with the active's node count; fewer
+maxReplicas; an upgrade at peak (a canary whose capacity follows its traffic) starts the new
+cluster with the active's node count, and Ray follows the replicas on both clusters; fewer
 replicas leave idle nodes that Ray releases after idleTimeoutSeconds; a change of minReplicas
 alone keeps the cluster and Ray follows it; nothing fails."""
 
@@ -60,20 +61,14 @@ def test_ray_asks_for_the_nodes_its_replicas_need_and_releases_idle_ones(sk: Ser
 
     with Load(f"http://127.0.0.1:{port}/", clients=8, post_share=0.5) as load:
         wait_until(lambda: load.result.ok > 20, 30, "load to start")
-        # in place: Serve asks for a replica no node has room for (the benchmark's own measure)
-        up = scale_up(sk, port, 2, "v1", idle_seconds=IDLE_SECONDS)
+        # in place: Serve asks for replicas no node has room for (the benchmark's own measure)
+        up = scale_up(sk, port, 3, "v1", idle_seconds=IDLE_SECONDS, max_nodes=3)
         assert sk.wait(NAME, timeout=180) == 0
-        assert len(running_workers(sk)) == 2
+        assert len(running_workers(sk)) == 3
         print(f"scale-up, seconds from the change: {up}")
         assert "pending_s" in up and up["node_asked_s"] <= up["node_alive_s"] <= up["replica_running_s"], up
-        # An upgrade at peak: the new cluster starts with the active's two nodes, not its replicas (0)
-        before = sk.api_get(NAME)["activeCluster"]["name"]
-        sk.apply(spec(port, 2, "v2", idle_seconds=IDLE_SECONDS))
-        wait_until(lambda: sk.api_get(NAME)["activeCluster"]["name"] != before, 300, "the switch")
-        assert sk.wait(NAME, timeout=180) == 0
-        assert len(running_workers(sk)) == 2, "started with the active's node count"
-        wait_until(lambda: len(sk.clusters()) == 1, 120, "the old cluster drained and deleted")
-        down = scale_down(sk, port, 1, "v2", idle_seconds=IDLE_SECONDS)
+        upgrade_at_peak_as_a_canary_whose_capacity_follows_traffic(sk, port)
+        down = scale_down(sk, port, 1, "v2", idle_seconds=IDLE_SECONDS, max_nodes=3)
         print(f"scale-down, seconds from the change: {down}")
         assert down["node_released_s"] >= IDLE_SECONDS, "Ray waits idleTimeoutSeconds before a release"
         assert len(running_workers(sk)) == 1
@@ -94,6 +89,47 @@ def test_ray_asks_for_the_nodes_its_replicas_need_and_releases_idle_ones(sk: Ser
     assert "NodeRemoved" in sk.events(NAME)
     assert set(result.bodies) == {"v1", "v2"}
     assert httpx.get(f"http://127.0.0.1:{port}/").text == "v2"
+
+
+def worker_nodes(sk: Servekeeper, cluster_name: str) -> list[dict[str, Any]]:
+    """The cluster's worker nodes on record and not released (started or about to be)."""
+    clusters = [c for c in sk.clusters() if c["name"] == cluster_name]
+    nodes = json.loads(clusters[0]["nodes_json"]) if clusters else []
+    return [n for n in nodes if n["role"] == "worker" and not n["stopped"]]
+
+
+def upgrade_at_peak_as_a_canary_whose_capacity_follows_traffic(sk: Servekeeper, port: int) -> None:
+    """The new cluster starts with the active's three nodes, not its replicas (0). At 50% each
+    cluster's Serve runs two replicas of three (capacityFollowsTraffic): Ray releases the idle
+    node of each; the promotion's 100% makes Ray ask for the third node again."""
+    old = sk.api_get(NAME)["activeCluster"]["name"]
+    document = spec(port, 3, "v2", idle_seconds=IDLE_SECONDS, max_nodes=3)
+    steps = [{"setWeight": 50}, {"pause": {}}]
+    document["spec"]["upgradeStrategy"] = {"type": "Canary", "canary": {"steps": steps, "capacityFollowsTraffic": True}}
+    sk.api_apply(document)
+    pending: list[str] = []
+
+    def pending_cluster() -> bool:
+        view = sk.api_get(NAME).get("pendingCluster")
+        pending.extend([view["name"]] if view else [])
+        return bool(pending)
+
+    wait_until(pending_cluster, 60, "the canary's cluster")
+    new = pending[0]
+    assert len(worker_nodes(sk, new)) == 3, "started with the active's node count"
+    counts: set[tuple[int, int]] = set()
+
+    def both_released_one() -> bool:
+        counts.add((len(running_workers(sk, old)), len(running_workers(sk, new))))
+        return (2, 2) in counts
+
+    wait_until(both_released_one, 240, "Ray releasing the node each cluster's 50% leaves idle")
+    print(f"worker nodes (old, new) seen during the canary: {sorted(counts)}")
+    sk.cli("promote", NAME)
+    wait_until(lambda: sk.api_get(NAME)["activeCluster"]["name"] == new, 240, "the promotion")
+    assert sk.wait(NAME, timeout=180) == 0
+    assert len(running_workers(sk)) == 3, "Ray asked for the third node again at 100%"
+    wait_until(lambda: len(sk.clusters()) == 1, 120, "the old cluster drained and deleted")
 
 
 def raylets_by_node(cluster: dict[str, Any]) -> dict[str, list[int]]:
