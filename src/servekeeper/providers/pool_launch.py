@@ -26,7 +26,9 @@ from servekeeper.providers.node_argv import cluster_dir
 from servekeeper.providers.pool_placement import (
     ALLOCATE_TIMEOUT_SECONDS,
     HostRefused,
+    host_errors,
     host_rooms,
+    node_ports_on,
     unreachable_hosts,
 )
 from servekeeper.providers.ssh import SshError
@@ -148,14 +150,5 @@ async def _unfit_hosts(ssh: SshNodes, cluster: ClusterRecord, hosts: list[str]) 
 
 async def _node_ports(ssh: SshNodes, clusters: list[ClusterRecord], hosts: list[str]) -> list[NodePorts]:
     reserved = {port for other in clusters for port in other.ports.all_ports()}
-    allocated = []
-    try:
-        for host in hosts:
-            ports, _ = await ssh.node_ports(host, sorted(reserved))
-            reserved.update(ports.all_ports())
-            allocated.append(ports)
-    except SshError as exc:
-        if not exc.retryable:
-            raise HostRefused(str(exc)) from exc
-        raise RetryableProviderError(f"allocating ports: {exc}") from exc
-    return allocated
+    with host_errors("allocating ports"):
+        return await node_ports_on(ssh, hosts, reserved)

@@ -8,11 +8,13 @@ good (host key, login, its python) fails the rollout with that error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator, Sequence
 
 from servekeeper.core.placement import HostRoom, NodeNeed, free_room, node_needs, nodes_taking_room, place
 from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.hostpool import HostPoolRecord, HostPoolSpec
-from servekeeper.model.records import ClusterPorts, ClusterRecord, NodePlacement
+from servekeeper.model.records import ClusterPorts, ClusterRecord, NodePlacement, NodePorts
 from servekeeper.providers.base import PermanentProviderError, RetryableProviderError
 from servekeeper.providers.environments import EnvironmentRequest
 from servekeeper.providers.node_argv import cluster_dir
@@ -103,21 +105,13 @@ async def place_cluster(
 async def _allocate(
     ssh: SshNodes, draft: ClusterRecord, config: RayClusterConfigSpec, chosen: list[str], reserved: set[int]
 ) -> ClusterRecord:
-    try:
+    with host_errors("allocating ports"):
         # Serve's proxies listen on one port on every node: free on all of the cluster's hosts.
         serve_http, serve_grpc = await ssh.ports_free_on_all(sorted(set(chosen)), 2, sorted(reserved))
         reserved.update((serve_http, serve_grpc))
         head_ports, singles = await ssh.node_ports(chosen[0], sorted(reserved), extra=3)
         reserved.update(head_ports.all_ports() + singles)
-        node_ports = [head_ports]
-        for host in chosen[1:]:
-            ports, _ = await ssh.node_ports(host, sorted(reserved))
-            reserved.update(ports.all_ports())
-            node_ports.append(ports)
-    except SshError as exc:
-        if not exc.retryable:
-            raise HostRefused(str(exc)) from exc
-        raise RetryableProviderError(f"allocating ports: {exc}") from exc
+        node_ports = [head_ports, *await node_ports_on(ssh, chosen[1:], reserved)]
     gcs, dashboard, client_server = singles
     nodes = tuple(
         NodePlacement(
@@ -133,6 +127,28 @@ async def _allocate(
     )
     cluster_ports = ClusterPorts(gcs, dashboard, client_server, serve_http, serve_grpc, tuple(node_ports))
     return draft.with_changes(pool=config.hostPool, nodes=nodes, ports=cluster_ports)
+
+
+@contextlib.contextmanager
+def host_errors(what: str) -> Iterator[None]:
+    """An SshError as placement tells it: a host that refuses us (HostRefused: the pool's spec
+    must change) or one that does not answer now (retryable)."""
+    try:
+        yield
+    except SshError as exc:
+        if not exc.retryable:
+            raise HostRefused(str(exc)) from exc
+        raise RetryableProviderError(f"{what}: {exc}") from exc
+
+
+async def node_ports_on(ssh: SshNodes, hosts: Sequence[str], reserved: set[int]) -> list[NodePorts]:
+    """A node's own ports on each of `hosts`, none of `reserved` (which takes them)."""
+    allocated = []
+    for host in hosts:
+        ports, _ = await ssh.node_ports(host, sorted(reserved))
+        reserved.update(ports.all_ports())
+        allocated.append(ports)
+    return allocated
 
 
 def _group_names(config: RayClusterConfigSpec) -> list[str | None]:
