@@ -74,11 +74,11 @@ def test_ray_asks_for_the_nodes_its_replicas_need_and_releases_idle_ones(sk: Ser
         assert len(running_workers(sk)) == 1
         # Bounds only: the cluster is kept, and Ray's monitor, re-reading its config, scales to them
         kept = sk.api_get(NAME)["activeCluster"]["name"]
-        sk.apply(spec(port, 1, "v2", idle_seconds=IDLE_SECONDS, min_nodes=2))
+        sk.apply(spec(port, 1, "v2", idle_seconds=IDLE_SECONDS, min_nodes=2, max_nodes=3))
         wait_until(lambda: len(running_workers(sk)) == 2, 120, "a node Ray asked for to meet minReplicas")
         assert sk.api_get(NAME)["activeCluster"]["name"] == kept and len(sk.clusters()) == 1
         assert "AutoscalerBoundsChanged" in sk.events(NAME)
-        sk.apply(spec(port, 1, "v2", idle_seconds=IDLE_SECONDS))  # back to 0: the idle node goes
+        sk.apply(spec(port, 1, "v2", idle_seconds=IDLE_SECONDS, max_nodes=3))  # back to 0: the idle node goes
         wait_until(lambda: len(running_workers(sk)) == 1, 120, "the node above the old minimum released")
         assert sk.api_get(NAME)["activeCluster"]["name"] == kept
         time.sleep(2)
@@ -152,7 +152,7 @@ def test_a_controller_killed_as_it_starts_a_node_ray_asked_for_starts_it_once_af
     removed = sk.events(NAME).count("NodeRemoved")
     sk.kill_controller()
     sk.up(crash_at="node-spawned")
-    sk.apply(spec(port, 2, "v2", idle_seconds=IDLE_SECONDS))  # in place: Ray asks for a second node
+    sk.apply(spec(port, 2, "v2", idle_seconds=IDLE_SECONDS, max_nodes=3))  # in place: Ray asks for a second node
     wait_until(lambda: not sk.controller_alive(), 180, "the controller killed as it started the node")
     (cluster,) = sk.clusters()
     # the node the dead controller spawned runs on, unrecorded: its raylet comes up

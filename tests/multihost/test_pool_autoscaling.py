@@ -61,8 +61,8 @@ def holder_spec(fleet: Fleet, port: int) -> dict[str, Any]:
     return service(HOLDER, port, {"head": {"numCpus": 1, "host": fleet.hosts[2].name}}, {"msg": "holder"})
 
 
-def elastic_spec(fleet: Fleet, port: int, min_nodes: int = 0) -> dict[str, Any]:
-    group = {"name": "cpu", "replicas": min_nodes, "minReplicas": min_nodes, "maxReplicas": 2, "numCpus": 2}
+def elastic_spec(fleet: Fleet, port: int, serve_min: int = 1) -> dict[str, Any]:
+    group = {"name": "cpu", "replicas": 0, "minReplicas": 0, "maxReplicas": 2, "numCpus": 2}
     config = {
         "head": {"numCpus": 1, "host": fleet.hosts[0].name},
         "enableInTreeAutoscaling": True,
@@ -70,7 +70,7 @@ def elastic_spec(fleet: Fleet, port: int, min_nodes: int = 0) -> dict[str, Any]:
         "workerGroups": [group],
     }
     autoscaling = {
-        "min_replicas": 1,
+        "min_replicas": serve_min,
         "max_replicas": 5,
         "target_ongoing_requests": 2,
         "upscale_delay_s": 1,
@@ -226,6 +226,11 @@ def raylets_of(cluster: dict[str, Any]) -> dict[str, list[int]]:
     return found
 
 
+def stored_active(sk: Servekeeper, service_name: str) -> dict[str, Any]:
+    """The service's active cluster as the store holds it (readable with the controller dead)."""
+    return next(c for c in sk.clusters() if c["service"] == service_name and c["role"] == "active")
+
+
 def test_a_controller_killed_as_it_starts_a_node_ray_asked_for_adopts_it_after_up(
     pool_daemon: Servekeeper, fleet: Fleet
 ) -> None:
@@ -237,9 +242,10 @@ def test_a_controller_killed_as_it_starts_a_node_ray_asked_for_adopts_it_after_u
     removed = [reason for reason, _ in events_of(sk)].count("NodeRemoved")
     sk.kill_controller()
     sk.up(crash_at="node-spawned")
-    apply_yaml(sk, elastic_spec(fleet, port, min_nodes=1), "elastic-min1")  # in place: Ray asks for a node
+    # in place: Serve keeps two replicas, the head holds one; Ray asks for a node for the other
+    apply_yaml(sk, elastic_spec(fleet, port, serve_min=2), "elastic-two")
     wait_until(lambda: not sk.controller_alive(), 180, "the controller killed as it launched the node")
-    cluster = cluster_of(sk, NAME)
+    cluster = stored_active(sk, NAME)
     (asked,) = [n for n in json.loads(cluster["nodes_json"]) if n["role"] == "worker" and not n["stopped"]]
     assert asked["pid"] is None, "launched, not recorded"
     wait_until(lambda: asked["temp_dir"] in raylets_of(cluster), 60, "the unrecorded node's raylet")
@@ -247,14 +253,18 @@ def test_a_controller_killed_as_it_starts_a_node_ray_asked_for_adopts_it_after_u
     sk.up()
     wait_until(lambda: len(workers(sk)) == 1, 120, "the node Ray asked for, recorded")
     assert sk.wait(NAME, timeout=120) == 0, sk.cli("events", NAME).stdout[-3000:]
-    ((adopted_node),) = workers(sk)
-    assert (adopted_node["node_id"], adopted_node["host"]) == (asked["node_id"], asked["host"])
-    time.sleep(3)  # a second node beside it would be launched by now
-    after = raylets_of(cluster_of(sk, NAME))
+    (adopted,) = workers(sk)
+    assert (adopted["node_id"], adopted["host"]) == (asked["node_id"], asked["host"])
+    wait_until(lambda: replica_states(sk).count("RUNNING") == 2, 120, "the second replica, on the adopted node")
+    after = raylets_of(stored_active(sk, NAME))
     print(f"raylets before up {spawned}, after {after}")
     assert after == spawned, "the node the dead controller launched was adopted: the same raylet, none beside it"
     assert [reason for reason, _ in events_of(sk)].count("NodeRemoved") == removed, "Ray did not give up on it"
     assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).text == "v1"
+
+
+def test_deleted_services_leave_nothing_of_the_monitor_on_the_hosts(pool_daemon: Servekeeper, fleet: Fleet) -> None:
+    sk = pool_daemon
     for name in (NAME, HOLDER):
         sk.cli("delete", name)
     wait_until(lambda: not sk.clusters(), 120, "the services' clusters stopped")

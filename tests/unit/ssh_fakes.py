@@ -235,7 +235,7 @@ class FakeSshNodes(SshNodes):
         return node.temp_dir in self.fleet.running
 
     async def unrecorded_leader(self, host: str, temp_dir: str) -> int | None:
-        self.fleet.calls.append(("leader", temp_dir))
+        self.fleet.calls.append(("leaders", temp_dir))
         if host in self.fleet.silent:
             raise NodeUnreachable(host, "cannot look for an unrecorded node: timed out")
         running = self.fleet.running.get(temp_dir)

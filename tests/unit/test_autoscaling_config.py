@@ -485,7 +485,7 @@ def test_a_release_between_two_reads_is_told_apart_from_a_worker_death() -> None
 def test_an_unrecorded_ray_start_of_a_node_is_found_by_its_tag_and_nothing_else_is(tmp_path: Path) -> None:
     """What a controller killed between a node's spawn and its record leaves: its `ray start`,
     leading its session, tagged with the node. A tagged process that leads no session (a raylet
-    left behind) or names another temp dir is no node to adopt."""
+    left behind) or names another temp dir is no node to adopt; nor are two of them."""
     tag, temp_dir = str(tmp_path / "worker-cpu-id3.log"), str(tmp_path / "temp")
     script = "import time; time.sleep(60)"
 
@@ -500,6 +500,10 @@ def test_an_unrecorded_ray_start_of_a_node_is_found_by_its_tag_and_nothing_else_
         try:
             assert unrecorded_leader(tag, temp_dir) == node.pid
             assert unrecorded_leader(tag + ".other", temp_dir) is None
+            twin = spawn(temp_dir, leader=True)  # two: neither is adopted, the start stops both by the tag
+            assert unrecorded_leader(tag, temp_dir) is None
+            twin.kill()
+            twin.wait()
         finally:
             node.kill()
             node.wait()

@@ -267,7 +267,7 @@ def test_no_block_fits_in_a_range_smaller_than_a_block() -> None:
     [
         pytest.param(
             [],
-            "usage: node_agent {prepare,launch,alive,leader,gcs_kept,tail,stop,forget,ports,free,hashes,interpreters}"
+            "usage: node_agent {prepare,launch,alive,leaders,gcs_kept,tail,stop,forget,ports,free,hashes,interpreters}"
             " < request.json",
             id="no-command",
         ),
@@ -395,12 +395,12 @@ async def test_the_controller_side_drives_the_agent_through_a_shell(tmp_path: Pa
             pass
 
 
-def test_leader_finds_the_unrecorded_ray_start_of_a_node_and_nothing_else(
+def test_leaders_finds_the_unrecorded_ray_starts_of_a_node_and_nothing_else(
     tmp_path: Path, launched: list[int], processes: list[subprocess.Popen[bytes]]
 ) -> None:
     marker = str(tmp_path / "node")
     node_agent.run("prepare", {"dirs": [marker]})
-    assert node_agent.run("leader", {"marker": marker}) == {"pid": None}, "nothing runs yet"
+    assert node_agent.run("leaders", {"marker": marker}) == {"pids": []}, "nothing runs yet"
     # Tagged but not a `ray start` of the node (no --temp-dir), and a `ray start` of another node.
     stray = subprocess.Popen(["sleep", "60"], start_new_session=True, env={**os.environ, NODE_TAG_ENV: marker})
     other = str(tmp_path / "other")
@@ -408,11 +408,14 @@ def test_leader_finds_the_unrecorded_ray_start_of_a_node_and_nothing_else(
     processes.append(stray)
     launched.append(node_agent.run("launch", stand_in_request(other, tmp_path / "other.log"))["pid"])
     wait_for(lambda: node_agent.tagged(stray.pid, marker))
-    assert node_agent.run("leader", {"marker": marker}) == {"pid": None}
+    assert node_agent.run("leaders", {"marker": marker}) == {"pids": []}
     pid = node_agent.run("launch", stand_in_request(marker, tmp_path / "node.log"))["pid"]
     launched.append(pid)
     wait_for(lambda: len(node_agent.members(pid, marker)) >= 2)  # its child (the sleep) is no leader
-    assert node_agent.run("leader", {"marker": marker}) == {"pid": pid}
+    assert node_agent.run("leaders", {"marker": marker}) == {"pids": [pid]}
+    second = node_agent.run("launch", stand_in_request(marker, tmp_path / "node.log"))["pid"]
+    launched.append(second)
+    assert node_agent.run("leaders", {"marker": marker}) == {"pids": sorted([pid, second])}, "both, to be told"
 
 
 def test_gcs_kept_says_whether_a_head_storage_still_holds_its_session(tmp_path: Path) -> None:

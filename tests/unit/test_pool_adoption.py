@@ -11,10 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from servekeeper.core.hooks import Hooks
 from servekeeper.model.hostpool import parse_host_pool
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.pool import PoolProvider
+from servekeeper.providers.ssh_nodes import NodeUnreachable
 from servekeeper.store.store import Store
 from tests.unit.ssh_fakes import FakeFleet, pool_document
 from tests.unit.test_pool_clusters import pool_spec, started
@@ -66,7 +69,7 @@ async def test_an_unrecorded_worker_of_a_running_head_is_adopted_not_started_twi
     assert cluster.nodes[1].pid == worker.pid and cluster.nodes[1].session_id == worker.pid, "adopted"
     assert len([call for call in fleet.calls if call[0] == "launch"]) == launches, "no second node"
     assert fleet.stopped[stops:] == [], "not stopped either"
-    assert ("leader", worker.temp_dir) in fleet.calls
+    assert ("leaders", worker.temp_dir) in fleet.calls
     assert hooks.points == [], "nothing was spawned"
     await pools.close()
 
@@ -81,9 +84,23 @@ async def test_a_worker_of_a_head_started_again_is_stopped_by_its_tag_and_starte
     cluster = await start_again(pools, store, forget_pids(store, 0, 1))
     stopped = [(node.temp_dir, node.pid) for node in fleet.stopped[stops:]]
     assert stopped == [(head.temp_dir, -1), (worker.temp_dir, -1)], "both stopped by their tags"
-    assert ("leader", worker.temp_dir) not in fleet.calls and ("leader", head.temp_dir) not in fleet.calls
+    assert ("leaders", worker.temp_dir) not in fleet.calls and ("leaders", head.temp_dir) not in fleet.calls
     assert cluster.nodes[0].pid not in (None, head.pid) and cluster.nodes[1].pid not in (None, worker.pid)
     assert hooks.points == [("node-spawned", "c"), ("node-spawned", "c")], "nodes added to a running cluster"
+    await pools.close()
+
+
+async def test_a_silent_host_adopts_nothing_and_launches_nothing(tmp_path: Path, store: Store) -> None:
+    fleet, hooks = FakeFleet(), SeenPoints()
+    pools = await a_running_cluster(tmp_path, store, fleet, hooks)
+    worker = store.get_cluster("c").nodes[1]  # type: ignore[union-attr]
+    launches = len([call for call in fleet.calls if call[0] == "launch"])
+    cluster = forget_pids(store, 1)
+    fleet.silent.add(worker.host)
+    with pytest.raises(NodeUnreachable):
+        await start_again(pools, store, cluster)
+    assert store.get_cluster("c") == cluster, "the record unchanged: the node may run there"
+    assert len([call for call in fleet.calls if call[0] == "launch"]) == launches
     await pools.close()
 
 
@@ -93,7 +110,7 @@ async def test_a_worker_found_not_running_is_started(tmp_path: Path, store: Stor
     worker = store.get_cluster("c").nodes[1]  # type: ignore[union-attr]
     del fleet.running[worker.temp_dir]  # the launch never reached the host
     cluster = await start_again(pools, store, forget_pids(store, 1))
-    assert ("leader", worker.temp_dir) in fleet.calls
+    assert ("leaders", worker.temp_dir) in fleet.calls
     assert cluster.nodes[1].pid is not None and cluster.nodes[1].pid != worker.pid
     assert fleet.running[worker.temp_dir].pid == cluster.nodes[1].pid
     assert hooks.points == [("node-spawned", "c")]

@@ -53,12 +53,14 @@ def is_our_node(pid: int, temp_dir: str) -> bool:
 def unrecorded_leader(tag: str, temp_dir: str) -> int | None:
     """The `ray start` of a node that runs with no pid on record (a controller killed between
     spawning it and recording it): the process carrying the node's tag that leads its own
-    session and is a `ray start` of this cluster. Blocks: run it in a worker thread."""
+    session and is a `ray start` of this cluster. None when there is none, or more than one
+    (stopped by their tag instead). Blocks: run it in a worker thread."""
+    found = []
     for process in processes_tagged(NODE_TAG_ENV, tag.__eq__):
         with contextlib.suppress(psutil.Error, OSError):
             if os.getsid(process.pid) == process.pid and is_our_node(process.pid, temp_dir):
-                return process.pid
-    return None
+                found.append(process.pid)
+    return found[0] if len(found) == 1 else None
 
 
 def local_temp_dir(name: str, uid: int | None = None) -> str:

@@ -260,9 +260,17 @@ class SshNodes:
 
     async def unrecorded_leader(self, host: str, temp_dir: str) -> int | None:
         """The `ray start` of the node of `temp_dir` on `host` if it runs though its launch was
-        never recorded (a controller killed in between); it leads its own session."""
-        answer = await self._call(host, "leader", {"marker": temp_dir}, quick=True)
-        return None if answer["pid"] is None else int(answer["pid"])
+        never recorded (a controller killed in between); it leads its own session. None when
+        none runs, or more than one (what a start cut short left: stopped by their tag instead).
+        Raises NodeUnreachable if the host does not answer."""
+        try:
+            answer = await self._call(host, "leaders", {"marker": temp_dir}, quick=True)
+        except SshError as exc:
+            if exc.retryable:
+                raise NodeUnreachable(exc.host, f"cannot look for an unrecorded node in {temp_dir}: {exc}") from exc
+            raise
+        pids = [int(pid) for pid in answer["pids"]]
+        return pids[0] if len(pids) == 1 else None
 
     async def last_lines(self, node: RemoteNode, hide: Collection[str] = (), timeout: float | None = None) -> str:
         """The last lines of the node's log (why it exited), bounded, `hide` blanked out

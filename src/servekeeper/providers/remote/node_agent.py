@@ -37,7 +37,8 @@ Answer = dict[str, Any]
 
 
 class UnsafePath(OSError):
-    """A directory we would create or reuse that another user could control (an OSError)."""
+    """A directory we would create or reuse that another user could control. An OSError, as one
+    that cannot be made is: a caller that handles one (a start that fails) handles both."""
 
 
 # -- private directories -------------------------------------------------------------------------------
@@ -244,12 +245,12 @@ def alive(request: Request) -> Answer:
     }
 
 
-def leader(request: Request) -> Answer:
-    """The node's `ray start` (tagged, leading its own session) whose launch was never recorded
-    (a controller killed in between): adopted rather than started again."""
+def leaders(request: Request) -> Answer:
+    """The node's `ray start`s (tagged, leading their own session) when its launch was never
+    recorded (a controller killed in between): one is adopted rather than started again."""
     marker = request["marker"]
     found = [int(e) for e in os.listdir("/proc") if e.isdigit() and stat_of(e)[1] == int(e) and tagged(e, marker)]
-    return {"pid": next((pid for pid in found if is_node(pid, marker)), None)}
+    return {"pids": [pid for pid in found if is_node(pid, marker)]}
 
 
 def gcs_kept(request: Request) -> Answer:
@@ -360,7 +361,7 @@ COMMANDS: dict[str, Callable[[Request], Answer]] = {
     "prepare": prepare,
     "launch": launch,
     "alive": alive,
-    "leader": leader,
+    "leaders": leaders,
     "gcs_kept": gcs_kept,
     "tail": tail,
     "stop": stop,
