@@ -67,6 +67,19 @@ def test_a_change_of_bounds_only_keeps_the_cluster_and_gives_its_autoscaler_the_
     assert world.tick().actions == []  # done once
 
 
+def test_a_cluster_that_came_in_as_a_canary_is_kept_at_a_change_of_its_bounds() -> None:
+    """After its promotion, the active cluster still holds the state of the canary it was."""
+    canary = {"type": "Canary", "canary": {"steps": [{"setWeight": 50}], "capacityFollowsTraffic": True}}
+    world = rolled_out(SimWorld(make_spec(rayClusterConfig=autoscaled(maxReplicas=3))))
+    world.apply(make_spec("v2", rayClusterConfig=autoscaled(maxReplicas=3), upgradeStrategy=canary))
+    world.run_for(60)
+    [active] = world.with_role(ClusterRole.ACTIVE)
+    assert active.canary is not None and world.service.observed_generation == 2, "promoted"
+    world.apply(make_spec("v2", rayClusterConfig=autoscaled(maxReplicas=2)))
+    assert kinds(world.tick().actions) == ["UpdateAutoscaler"]
+    assert [c.name for c in world.with_role(ClusterRole.ACTIVE)] == [active.name]
+
+
 def test_the_count_a_cluster_started_with_is_kept_and_one_outside_the_new_bounds_rolls_a_new_cluster() -> None:
     # replicas is the count a cluster started with (scaled_like: the active's); it places the
     # nodes (their order, log files, process tags), so it never changes under running nodes

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from servekeeper.dataplane import Backend, DataPlaneError, Endpoint
 from servekeeper.model.enums import ClusterRole, ConditionType
 from servekeeper.model.records import ClusterRecord, Event, ServiceRecord
 from servekeeper.model.spec import ServiceSpec, parse_spec
+from servekeeper.providers.local_nodes import nodes_of
 from servekeeper.rayapi.serve_api import PermanentServeError, RetryableServeError
 from servekeeper.store.store import Store
 from tests.unit.fakes import FakeClock, FakeDataPlane, FakeProvider, FakeServe
@@ -424,6 +425,31 @@ async def test_a_node_start_failing_on_a_serving_cluster_is_an_event_not_a_failu
     assert len(started) == 1
     assert started[0].message.startswith(f"{pending.name}: no memory for the raylet; trying again")
     assert started[0].type == "Warning"
+
+
+@pytest.mark.parametrize(("autoscaled", "restarts", "unhealthy"), [(True, 0, False), (True, 1, True), (False, 0, True)])
+async def test_a_node_being_added_leaves_the_cluster_healthy_one_being_started_again_does_not(
+    world: World, autoscaled: bool, restarts: int, unhealthy: bool
+) -> None:
+    """A worker with no pid on a serving cluster: one Ray's autoscaler asked for (never started)
+    is capacity on its way, not a missing node; one that exited and is started again is missing,
+    as is a fixed cluster's worker that never ran."""
+    spec = make_spec(workers=1)
+    if autoscaled:
+        config = spec.spec.rayClusterConfig
+        group = config.workerGroups[0].model_copy(update={"minReplicas": 0, "maxReplicas": 3})
+        config = config.model_copy(update={"enableInTreeAutoscaling": True, "workerGroups": [group]})
+        spec = spec.model_copy(update={"spec": spec.spec.model_copy(update={"rayClusterConfig": config})})
+    active = await world.roll_out(spec)
+    nodes = nodes_of(world.cluster(active.name))
+    added = replace(nodes[1], pid=None, session_id=None, node_id=2, restarts=restarts)
+    world.store.update_cluster(active.name, nodes=(*nodes, added))
+    world.provider.workers_gate = asyncio.Event()  # its start is under way for the whole look
+    world.clock.advance(1)
+    await world.tick()
+    assert ("ClusterUnhealthy" in world.reasons()) is unhealthy, world.reasons()
+    world.provider.release_workers()
+    await world.background_settled()
 
 
 async def test_a_worker_start_raising_fails_the_cluster_and_the_task_is_pruned(world: World) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from servekeeper.model.records import ClusterRecord
 from servekeeper.providers.base import PermanentProviderError, nodes_restarting
-from servekeeper.providers.local import process_liveness, store_with_local_ports
+from servekeeper.providers.local import LocalProvider, process_liveness, store_with_local_ports
 from servekeeper.providers.local_nodes import (
     LOCAL_HOST,
     NODE_TAG_ENV,
@@ -181,3 +181,16 @@ def test_a_new_cluster_never_takes_a_port_a_service_declares_for_its_ingress(sto
     store_with_local_ports(draft("b", config), config, store, allocator=allocator)
     assert all({25674, 25675, 25676, 25677} <= reserved for reserved in reserved_by_allocation)
     assert set(first.ports.all_ports()) <= reserved_by_allocation[1]  # and the clusters' own
+
+
+def test_a_child_another_look_reaped_meanwhile_reads_as_exited_not_as_an_error() -> None:
+    """Liveness looks run in worker threads, several clusters at once: both may reap one child."""
+    provider = LocalProvider()
+
+    class ReapedByAnotherLook:
+        def poll(self) -> int:
+            provider._children.pop(4242, None)  # the other thread, between our copy and our look
+            return 0
+
+    provider._children[4242] = ReapedByAnotherLook()  # type: ignore[assignment]
+    assert provider.dead_workers(local_cluster(head_pid=100, worker_pids=(4242,))) == [4242]

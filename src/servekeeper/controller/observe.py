@@ -15,9 +15,10 @@ from servekeeper.controller.documents import Packages, SubmittedDocuments
 from servekeeper.controller.probes import ProbeRunner
 from servekeeper.core.serve_config import build_serve_config, config_deployed, desired_config_hash
 from servekeeper.dataplane import BackendStats, DataPlaneError, RouteObservation, ServiceRoute
+from servekeeper.model.cluster_spec import RayClusterConfigSpec
 from servekeeper.model.enums import ClusterRole
 from servekeeper.model.observation import BackendCounters, ClusterObservation, IngressRouteObservation, Observation
-from servekeeper.model.records import ClusterRecord, ServiceRecord
+from servekeeper.model.records import ClusterRecord, NodePlacement, ServiceRecord
 from servekeeper.model.spec import ServiceSpec
 from servekeeper.providers.base import ClusterProvider, headers_kwargs
 from servekeeper.rayapi.serve_api import PermanentServeError, RetryableServeError, ServeClient
@@ -37,6 +38,20 @@ class DataPlanePort(Protocol):
     def desired_route(self, service: str) -> ServiceRoute | None: ...
 
     async def backend_stats(self) -> dict[str, BackendStats]: ...
+
+
+def missing_workers(cluster: ClusterRecord) -> list[NodePlacement]:
+    """A serving cluster's workers that should run and do not: one being started again (or whose
+    start failed) is missing, unhealthy until it runs, so that a worker that keeps dying cannot
+    look healthy between tries. Under Ray's autoscaler a node that never ran is capacity on its
+    way (Ray asked for it, and releases it if its start is given up), not a missing node: the
+    service would flap to not Ready at every scale-up."""
+    autoscaled = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).enableInTreeAutoscaling
+    return [
+        node
+        for node in cluster.nodes[1:]
+        if node.pid is None and not node.stopped and (node.restarts > 0 or not autoscaled)
+    ]
 
 
 class Observer:
@@ -148,9 +163,7 @@ class Observer:
                 name=cluster.name, processes_alive=False, head_silent_since=silent_since, error=reason
             )
         if cluster.role == ClusterRole.ACTIVE and not dead_workers:
-            # A serving cluster's worker being started again (or whose start failed) is missing:
-            # unhealthy until it runs, so a worker that keeps dying cannot look healthy between tries.
-            missing = [n for n in cluster.nodes[1:] if n.pid is None and not n.stopped]
+            missing = missing_workers(cluster)
             if missing:
                 return ClusterObservation(
                     name=cluster.name,

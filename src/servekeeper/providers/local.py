@@ -121,9 +121,11 @@ class LocalProvider:
         return process.pid
 
     def _reap(self) -> None:
+        # Liveness looks run in worker threads, several clusters at once: another may have
+        # reaped the same child between our copy of the dict and our look.
         for pid, process in list(self._children.items()):
             if process.poll() is not None:
-                del self._children[pid]
+                self._children.pop(pid, None)
 
     def start_head(self, cluster: ClusterRecord, config: RayClusterConfigSpec) -> ClusterRecord:
         """Spawn the head (no waiting); the caller records its pid before anything else. A head

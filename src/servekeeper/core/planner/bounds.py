@@ -62,7 +62,9 @@ def rebound_in_place(ctx: PlanContext) -> list[Action]:
     for cluster in list(ctx.clusters.values()):
         if cluster.role not in KEPT_ROLES or cluster.cluster_spec_hash == ctx.desired_cluster_hash:
             continue
-        if cluster.failure_reason is not None or cluster.canary is not None:  # replaced, not kept
+        # A failed cluster, or a canary under way, is replaced, not kept; an active cluster keeps
+        # the state of the canary it was (its history), which is no reason to replace it.
+        if cluster.failure_reason is not None or (cluster.role == ClusterRole.PENDING and cluster.canary is not None):
             continue
         stored = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json)
         if not only_bounds_differ(stored, desired):
