@@ -445,9 +445,11 @@ async def test_a_node_being_added_leaves_the_cluster_healthy_one_being_started_a
     added = replace(nodes[1], pid=None, session_id=None, node_id=2, restarts=restarts)
     world.store.update_cluster(active.name, nodes=(*nodes, added))
     world.provider.workers_gate = asyncio.Event()  # its start is under way for the whole look
+    before = len(world.reasons())
     world.clock.advance(1)
     await world.tick()
-    assert ("ClusterUnhealthy" in world.reasons()) is unhealthy, world.reasons()
+    assert ("ClusterUnhealthy" in world.reasons()[before:]) is unhealthy, world.reasons()
+    assert ("ReadyChanged" in world.reasons()[before:]) is unhealthy, "Ready stays True while a node is added"
     world.provider.release_workers()
     await world.background_settled()
 

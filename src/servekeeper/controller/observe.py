@@ -54,6 +54,15 @@ def missing_workers(cluster: ClusterRecord) -> list[NodePlacement]:
     ]
 
 
+def nodes_starting(cluster: ClusterRecord) -> int:
+    """Workers not running yet that hold back a cluster's readiness: a new cluster waits for its
+    nodes. A serving one is only short of those `missing_workers` finds (an unhealthy cluster,
+    told before this): a node Ray's autoscaler is adding never makes it unready."""
+    if cluster.role == ClusterRole.ACTIVE:
+        return 0
+    return sum(1 for node in cluster.nodes[1:] if node.pid is None and not node.stopped)
+
+
 class Observer:
     def __init__(
         self,
@@ -204,7 +213,7 @@ class Observer:
             routes=routes,
             deployed_config_hash=self._deployed_config_hash(cluster, service, spec, apps),
             target_capacity=capacity,
-            nodes_starting=sum(1 for node in cluster.nodes[1:] if node.pid is None and not node.stopped),
+            nodes_starting=nodes_starting(cluster),
         )
 
     def _deployed_config_hash(
