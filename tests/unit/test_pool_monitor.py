@@ -58,6 +58,8 @@ async def test_the_head_starts_with_its_monitor_and_the_files_it_reads(tmp_path:
     assert fleet.envs[head.temp_dir]["PYTHONPATH"] == directory
     assert fleet.envs[head.temp_dir]["AUTOSCALER_UPDATE_INTERVAL_S"] == "1"
     assert fleet.envs[head.temp_dir]["AUTOSCALER_HEARTBEAT_TIMEOUT_S"] == "60"  # a slow raylet is no lost node
+    # a node API out of reach for a while (a controller restarted) must not end Ray's monitor
+    assert int(fleet.envs[head.temp_dir]["AUTOSCALER_MAX_NUM_FAILURES"]) >= 10**6
     secret = node_api_token(API.secret, "mine")
     assert not any(secret in arg for arg in fleet.argvs[head.temp_dir])
     assert secret not in fleet.envs[head.temp_dir].values()

@@ -29,6 +29,11 @@ UPDATE_INTERVAL_SECONDS = 1
 # long a raylet may take to register on a loaded host: twice that, so that a slow start is not
 # taken for a lost node (a dead one is the controller's to find and start again).
 HEARTBEAT_TIMEOUT_SECONDS = 60
+# Ray's monitor exits for good after its 6th failed update (AUTOSCALER_MAX_NUM_FAILURES, 5, is
+# counted over its whole life, never reset by a success), and nothing starts it again: a node
+# API out of reach for six looks (a controller restarted, an SSH forward made again) would end
+# the cluster's autoscaling. Each failed look is retried at the next one instead.
+MAX_FAILED_UPDATES = 10**9
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ def monitor_env(directory: str, own_search_path: str) -> dict[str, str]:
         "PYTHONPATH": search_path,
         "AUTOSCALER_UPDATE_INTERVAL_S": str(UPDATE_INTERVAL_SECONDS),
         "AUTOSCALER_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_SECONDS),
+        "AUTOSCALER_MAX_NUM_FAILURES": str(MAX_FAILED_UPDATES),
     }
 
 

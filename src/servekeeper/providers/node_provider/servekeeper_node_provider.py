@@ -162,8 +162,11 @@ class NodeProvider(RayNodeProvider):
             try:
                 answer = self._call("POST", body={"type": tags[TAG_RAY_USER_NODE_TYPE], "count": count, "tags": tags})
             except OSError as exc:  # urllib's errors, timeouts included
+                # Ray's event summarizer uses the description as a format template: a brace in
+                # it (the answer's JSON) would fail every later look of the monitor.
+                description = f"{count} node(s): {exc}".replace("{", "(").replace("}", ")")
                 raise NodeLaunchException(
-                    "servekeeper did not take the request", f"{count} node(s): {exc}", src_exc_info=None
+                    "servekeeper did not take the request", description, src_exc_info=None
                 ) from exc
             for node_id in answer["ids"]:
                 self._nodes[str(node_id)] = {
