@@ -49,6 +49,7 @@ from servekeeper.providers.local_nodes import (
 from servekeeper.providers.local_processes import OWNER_ENV, unrecorded_leader
 from servekeeper.providers.ports import PortAllocator, PortsExhausted
 from servekeeper.providers.ray_start import with_node_id
+from servekeeper.testing.harness import wait_until
 from servekeeper.views.service import worker_group_views
 from tests.unit.test_kuberay_export import roundtrip
 from tests.unit.test_kuberay_import import head, minimal, notes, run_import
@@ -149,7 +150,7 @@ def test_the_monitors_config_has_each_group_as_a_node_type_within_its_bounds() -
     types = rendered["available_node_types"]
     assert rendered["head_node_type"] == "ray.head.default"  # no worker group (a DNS label) can take it
     assert types["ray.head.default"] == {
-        "resources": {"CPU": 0, NODE_ID_RESOURCE: 0},
+        "resources": {"CPU": 0, NODE_ID_RESOURCE: 1},  # the id plus one: Ray drops a resource of 0
         "node_config": {},
         "max_workers": 0,
     }
@@ -163,7 +164,7 @@ def test_default_options_are_kuberays() -> None:
     config = parse_spec(document({"enableInTreeAutoscaling": True})).spec.rayClusterConfig
     rendered = autoscaling_config("c", config, {})
     assert rendered["idle_timeout_minutes"] == 1.0 and rendered["upscaling_speed"] == 1000.0
-    assert node_id_resource(7) == {NODE_ID_RESOURCE: 7}
+    assert node_id_resource(7) == {NODE_ID_RESOURCE: 8}  # never 0, which Ray drops (the head's id is 0)
 
 
 # -- KubeRay's names, imported unchanged --------------------------------------------------------
@@ -325,19 +326,19 @@ def test_a_launched_node_starts_on_its_own_ports_in_its_group_with_a_log_named_b
 
 
 def test_an_autoscaled_clusters_nodes_carry_their_id_beside_the_users_resources() -> None:
-    assert with_node_id({"resources": '{"custom": 2}'}, 3) == {"resources": '{"NODE_ID_AS_RESOURCE":3,"custom":2}'}
-    assert with_node_id({"resources": '{\\"custom\\": 2}'}, 3)["resources"] == '{"NODE_ID_AS_RESOURCE":3,"custom":2}'
+    assert with_node_id({"resources": '{"custom": 2}'}, 3) == {"resources": '{"NODE_ID_AS_RESOURCE":4,"custom":2}'}
+    assert with_node_id({"resources": '{\\"custom\\": 2}'}, 3)["resources"] == '{"NODE_ID_AS_RESOURCE":4,"custom":2}'
     assert with_node_id({"num-cpus": 1}, None) == {"num-cpus": 1}  # not autoscaled: unchanged
     kuberay_quoted = '"{\\"custom\\": 2}"'  # a JSON string holding the object, as a shell would see it
-    assert with_node_id({"resources": kuberay_quoted}, 3)["resources"] == '{"NODE_ID_AS_RESOURCE":3,"custom":2}'
+    assert with_node_id({"resources": kuberay_quoted}, 3)["resources"] == '{"NODE_ID_AS_RESOURCE":4,"custom":2}'
     with pytest.raises(ValueError, match="must be a JSON object of names to numbers"):
         with_node_id({"resources": "lots"}, 1)
     cluster, config = autoscaled_cluster()
     head_argv = head_command(cluster, config.head, "ray", autoscaled=True)
-    assert '--resources={"NODE_ID_AS_RESOURCE":0}' in head_argv
+    assert '--resources={"NODE_ID_AS_RESOURCE":1}' in head_argv
     worker = cluster.nodes[1]
     argv = worker_command(cluster, worker, worker_group_of(config, worker, 1), "ray", autoscaled=True)
-    assert '--resources={"NODE_ID_AS_RESOURCE":1}' in argv
+    assert '--resources={"NODE_ID_AS_RESOURCE":2}' in argv
     assert not any(arg.startswith("--resources") for arg in head_command(cluster, config.head, "ray"))
 
 
@@ -501,7 +502,7 @@ def test_an_unrecorded_ray_start_of_a_node_is_found_by_its_tag_and_nothing_else_
             assert unrecorded_leader(tag, temp_dir) == node.pid
             assert unrecorded_leader(tag + ".other", temp_dir) is None
             twin = spawn(temp_dir, leader=True)  # two: neither is adopted, the start stops both by the tag
-            assert unrecorded_leader(tag, temp_dir) is None
+            wait_until(lambda: unrecorded_leader(tag, temp_dir) is None, 10, "the twin seen")
             twin.kill()
             twin.wait()
         finally:

@@ -97,7 +97,8 @@ async def test_launches_tags_and_terminations_are_relayed_and_read_back(api_and_
     # Ray's monitor filters by these two, named by Ray: set here from the API's kind and type
     assert provider.node_tags("1")[TAG_RAY_NODE_KIND] == NODE_KIND_WORKER
     assert provider.node_tags("1")[TAG_RAY_USER_NODE_TYPE] == "cpu"
-    assert provider.internal_ip("1") == "1"  # use_node_id_as_ip
+    # use_node_id_as_ip: node 1 carries NODE_ID_AS_RESOURCE 2 (Ray drops a 0, the head's id)
+    assert provider.internal_ip("1") == "2" and provider.internal_ip("0") == "1"
 
     api.nodes[1]["status"] = "running"
     token_file.write_text("rotated\n")

@@ -151,4 +151,4 @@ def test_an_autoscaled_pool_nodes_start_carries_its_id_for_rays_autoscaler() -> 
     config = pool_spec(workers=1, cpus=1).spec.rayClusterConfig
     assert group_args(config.workerGroups[0]) == ["--num-cpus=1"]
     with_id = group_args(config.workerGroups[0], 3)
-    assert with_id[0] == "--num-cpus=1" and '--resources={"NODE_ID_AS_RESOURCE":3}' in with_id
+    assert with_id[0] == "--num-cpus=1" and '--resources={"NODE_ID_AS_RESOURCE":4}' in with_id

@@ -26,7 +26,7 @@ from servekeeper.model.start_params import custom_resources
 from servekeeper.providers.base import ClusterRecords
 from servekeeper.providers.local_nodes import LOCAL_HOST, launched_log_name
 from servekeeper.providers.ports import PortAllocator, PortsExhausted
-from servekeeper.providers.ray_start import NODE_ID_RESOURCE
+from servekeeper.providers.ray_start import NODE_ID_RESOURCE, node_id_value
 
 # Ray on Spark's name for the head's type: no worker group can take it (a group name is a DNS label).
 HEAD_NODE_TYPE = "ray.head.default"
@@ -66,7 +66,7 @@ def node_resources(group: HeadGroupSpec) -> dict[str, float]:
 
 def node_id_resource(node_id: int) -> dict[str, int]:
     """The custom resource a node is started with, by which the monitor knows it."""
-    return {NODE_ID_RESOURCE: node_id}
+    return {NODE_ID_RESOURCE: node_id_value(node_id)}
 
 
 def autoscaling_config(cluster: str, config: RayClusterConfigSpec, provider: dict[str, Any]) -> dict[str, Any]:

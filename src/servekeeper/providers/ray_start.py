@@ -13,6 +13,14 @@ from servekeeper.model.start_params import StartParamValue, custom_resources
 NODE_ID_RESOURCE = "NODE_ID_AS_RESOURCE"
 
 
+def node_id_value(node_id: int) -> int:
+    """The resource's quantity for node `node_id`: one more, because Ray drops a resource of 0
+    at `ray start`, and the head (id 0) would go unknown to the monitor, which then counts the
+    head's whole static resources as free and launches nothing for a demand they would hold.
+    The node provider module maps it back (`internal_ip`)."""
+    return node_id + 1
+
+
 def param_args(params: dict[str, str | int | float | bool]) -> list[str]:
     args: list[str] = []
     for key, value in sorted(params.items()):
@@ -58,5 +66,5 @@ def with_node_id(params: dict[str, StartParamValue], node_id: int | None) -> dic
     user's own `resources` (KubeRay's shell-escaped forms accepted) are kept beside it."""
     if node_id is None:
         return params
-    resources: dict[str, object] = {**custom_resources(params), NODE_ID_RESOURCE: node_id}
+    resources: dict[str, object] = {**custom_resources(params), NODE_ID_RESOURCE: node_id_value(node_id)}
     return {**params, "resources": json.dumps(resources, sort_keys=True, separators=(",", ":"))}

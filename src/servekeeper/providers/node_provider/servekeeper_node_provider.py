@@ -16,9 +16,9 @@ each read from a file on the head at every call, never from argv or the config):
     POST   /api/v1/clusters/<cluster>/nodes/<id>/tags  {"tags"}
     DELETE /api/v1/clusters/<cluster>/nodes/<id>
 
-A node's id is the integer its Ray node carries as its NODE_ID_AS_RESOURCE resource: Ray's
-monitor maps the two through it (`use_node_id_as_ip`), every node of one machine having the
-same address."""
+A node's id is one less than the integer its Ray node carries as its NODE_ID_AS_RESOURCE
+resource (Ray drops a resource of 0, and the head's id is 0): Ray's monitor maps the two
+through it (`use_node_id_as_ip`), every node of one machine having the same address."""
 
 from __future__ import annotations
 
@@ -136,10 +136,11 @@ class NodeProvider(RayNodeProvider):
             return dict(self._nodes[node_id]["tags"])
 
     def internal_ip(self, node_id: str) -> str:
-        return node_id  # use_node_id_as_ip: the monitor matches it to the node's id resource
+        # use_node_id_as_ip: the monitor matches it to the node's id resource, the id plus one
+        return str(int(node_id) + 1)
 
     def external_ip(self, node_id: str) -> str:
-        return node_id
+        return self.internal_ip(node_id)
 
     def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
         with self._lock:
