@@ -46,12 +46,11 @@ def missing_workers(cluster: ClusterRecord) -> list[NodePlacement]:
     look healthy between tries. Under Ray's autoscaler a node that never ran is capacity on its
     way (Ray asked for it, and releases it if its start is given up), not a missing node: the
     service would flap to not Ready at every scale-up."""
+    down = [node for node in cluster.nodes[1:] if node.pid is None and not node.stopped]
+    if not down or all(node.restarts > 0 for node in down):
+        return down  # the spec is read only when it can matter: this runs at every look
     autoscaled = RayClusterConfigSpec.model_validate_json(cluster.cluster_spec_json).enableInTreeAutoscaling
-    return [
-        node
-        for node in cluster.nodes[1:]
-        if node.pid is None and not node.stopped and (node.restarts > 0 or not autoscaled)
-    ]
+    return [node for node in down if node.restarts > 0 or not autoscaled]
 
 
 def nodes_starting(cluster: ClusterRecord) -> int:
